@@ -1,0 +1,233 @@
+"""Generates the PDDeployment CRD from the pydantic models (`make manifests`).
+
+The models are the one source of truth. Pydantic's JSON schema is turned into a structural
+OpenAPI v3 schema: references inlined, nullable unions collapsed to their type, titles dropped,
+`propertyNames` patterns turned into CEL rules (structural schemas have no propertyNames), and
+the Kubernetes extensions that the models carry copied through.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pd_operator.api.document import (
+    GROUP,
+    KIND,
+    MAX_NAME_LENGTH,
+    NAME_RULE_MESSAGE,
+    PLURAL,
+    VERSION,
+)
+from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.api.status import PDDeploymentStatus
+from pd_operator.api.types import DNS_LABEL_PATTERN
+
+CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
+
+# Keys of pydantic's JSON schema that a structural schema does not accept.
+DROPPED_KEYS = {"title", "additionalProperties", "patternProperties", "propertyNames", "$defs"}
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+    },
+    {
+        "name": "Prefill",
+        "type": "string",
+        "description": "Ready/desired prefill replicas",
+        "jsonPath": ".status.replicaSummary.prefill",
+    },
+    {
+        "name": "Decode",
+        "type": "string",
+        "description": "Ready/desired decode replicas",
+        "jsonPath": ".status.replicaSummary.decode",
+    },
+    {
+        "name": "TTFT(ms)",
+        "type": "integer",
+        "description": "Observed TTFT at the SLO percentile",
+        "jsonPath": ".status.observed.ttftMilliseconds",
+    },
+    {
+        "name": "ITL(ms)",
+        "type": "integer",
+        "description": "Observed ITL at the SLO percentile",
+        "jsonPath": ".status.observed.itlMilliseconds",
+    },
+    {"name": "Mode", "type": "string", "priority": 1, "jsonPath": ".spec.scaling.mode"},
+    {
+        "name": "Limited",
+        "type": "string",
+        "priority": 1,
+        "description": "What limited the last decision",
+        "jsonPath": ".status.lastDecision.limitedBy",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+# Lists of the status that are maps keyed by these fields.
+STATUS_LIST_KEYS = {"conditions": ["type"], "pools": ["role", "name"]}
+
+
+def _resolve(node: Any, defs: dict[str, Any]) -> Any:
+    """Inline `$ref`s, merging the referring node's own keys (description, extras) on top."""
+    if isinstance(node, list):
+        return [_resolve(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        siblings = {k: v for k, v in node.items() if k != "$ref"}
+        return _resolve({**target, **siblings}, defs)
+    return {key: _resolve(value, defs) for key, value in node.items()}
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    """Convert one resolved pydantic schema node into a structural OpenAPI node."""
+    node = dict(node)
+    if "anyOf" in node:  # `X | None`: optional in Kubernetes means absent, not null.
+        variants = [v for v in node.pop("anyOf") if v.get("type") != "null"]
+        if len(variants) != 1:
+            raise ValueError(f"unsupported union in schema: {variants}")
+        node = {**variants[0], **node}
+        if node.get("default", 0) is None:
+            del node["default"]
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    out: dict[str, Any] = {}
+    if "description" in node:
+        out["description"] = " ".join(str(node["description"]).split())
+    for key, value in node.items():
+        if key in DROPPED_KEYS or key == "description":
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(child) for name, child in value.items()}
+        elif key == "items":
+            out[key] = _structural(value)
+        else:
+            out[key] = value
+    additional = node.get("additionalProperties")
+    if "patternProperties" in node:  # a dict with constrained keys
+        ((key_pattern, additional),) = node["patternProperties"].items()
+        key_limit = node.get("propertyNames", {}).get("maxLength", 317)
+        rules = out.setdefault("x-kubernetes-validations", [])
+        rules.append(
+            {
+                "rule": f"self.all(k, k.size() <= {key_limit} && k.matches(r'{key_pattern}'))",
+                "message": "keys must be qualified names such as example.com/name",
+            }
+        )
+    if isinstance(additional, dict):
+        out["additionalProperties"] = _structural(additional)
+    elif additional is True:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("x-kubernetes-preserve-unknown-fields"):
+        out["type"] = "object"
+    return out
+
+
+def model_schema(model: type[Any]) -> dict[str, Any]:
+    """Structural OpenAPI v3 schema of a pydantic model, by wire (alias) names."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(_resolve(raw, raw.get("$defs", {})))
+
+
+def _status_schema() -> dict[str, Any]:
+    schema = model_schema(PDDeploymentStatus)
+    for field, keys in STATUS_LIST_KEYS.items():
+        prop = schema["properties"][field]
+        prop["x-kubernetes-list-type"] = "map"
+        prop["x-kubernetes-list-map-keys"] = keys
+        prop["items"].setdefault("required", [])
+        prop["items"]["required"] = sorted(set(prop["items"]["required"]) | set(keys))
+    return schema
+
+
+def build_crd() -> dict[str, Any]:
+    """The complete CustomResourceDefinition object."""
+    root = {
+        "type": "object",
+        "description": "PDDeployment serves one model from a prefill role and a decode role, "
+        "each made of accelerator pools that are scaled on their own SLO "
+        "(prefill on TTFT, decode on ITL).",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": model_schema(PDDeploymentSpec),
+            "status": _status_schema(),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+                f"self.metadata.name.matches(r'{DNS_LABEL_PATTERN}')",
+                "message": NAME_RULE_MESSAGE,
+            }
+        ],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": KIND.lower(),
+                "shortNames": ["pdd"],
+                "categories": ["pdoperator"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    """The CRD as YAML text, exactly as committed under crds/."""
+    header = "# Generated by `make manifests` from operator/pd_operator/api; do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the CRD into the given folders, or check that they are current."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument("--check", action="store_true", help="fail if a file is out of date")
+    args = parser.parse_args(argv)
+    text = render_crd()
+    stale = []
+    for folder in args.folders:
+        path = folder / CRD_FILE
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)}; run `make manifests`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""The PDDeployment spec (pdoperator.io/v1alpha1) as pydantic models.
+
+These models are the source of truth: `make manifests` generates the CRD's OpenAPI schema from
+them (see `pd_operator.api.crd`). Wire names are camelCase, Python names snake_case.
+Extra keys on the models carry Kubernetes schema extensions (CEL rules, list-map keys) and
+schema-only defaults; the CRD generator copies them through.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from pd_operator.api.types import (
+    ENV_NAME_PATTERN,
+    LabelKey,
+    LabelValue,
+    Milliseconds,
+    PoolName,
+    Quantity,
+    Replicas,
+    Seconds,
+    ShortText,
+)
+
+JsonDict = dict[str, JsonValue]
+Engine = Literal["VLLM", "SGLang"]
+KVConnector = Literal["Mooncake", "NIXL", "None"]
+KVProtocol = Literal["RDMA", "TCP"]
+CacheDtype = Literal["FP8", "BF16", "Auto"]
+Percentile = Literal["P50", "P90", "P95", "P99"]
+# Not "Off": YAML 1.1 parsers (PyYAML, go-yaml v2 in kubectl) read a bare Off as false.
+ScalingMode = Literal["Active", "Advisory", "Disabled"]
+Role = Literal["prefill", "decode"]
+
+# An object-valued field whose nested defaults the apiserver should fill in even when the
+# user omits the whole object: `default: {}` makes the apiserver descend into it.
+EMPTY_OBJECT_DEFAULT: dict[str, Any] = {"default": {}}
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    """One `x-kubernetes-validations` entry."""
+    entry: JsonDict = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class SpecModel(BaseModel):
+    """Base of every spec model: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class ModelSpec(SpecModel):
+    """The model served by both pools and the engine that serves it."""
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=253)] = Field(
+        description="Model name or path as the engine loads it, e.g. zai-org/GLM-4.5-FP8. "
+        "Immutable: serving another model is another PDDeployment.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self == oldSelf",
+                    "spec.model.name is immutable: "
+                    "create a new PDDeployment to serve another model",
+                )
+            ]
+        },
+    )
+    engine: Engine = Field("VLLM", description="Inference engine: VLLM or SGLang.")
+    image: Annotated[StrictStr, Field(min_length=1, max_length=512)] = Field(
+        description="Container image of the engine, e.g. vllm/vllm-openai:v0.11.0."
+    )
+    args: Annotated[list[Annotated[StrictStr, Field(max_length=1024)]], Field(max_length=64)] = (
+        Field(
+            default_factory=list,
+            description="Extra engine arguments appended to the generated command line.",
+        )
+    )
+    context_length: Annotated[StrictInt, Field(ge=1, le=10_000_000)] | None = Field(
+        None, description="Maximum context length in tokens (--max-model-len)."
+    )
+
+
+class KVTransferSpec(SpecModel):
+    """How the KV cache moves from prefill to decode."""
+
+    connector: KVConnector = Field(
+        "Mooncake", description="KV-transfer connector: Mooncake, NIXL, or None."
+    )
+    protocol: KVProtocol = Field("RDMA", description="Transport: RDMA or TCP.")
+    cache_dtype: CacheDtype = Field(
+        "Auto", description="KV-cache element type: FP8, BF16, or Auto (the engine's default)."
+    )
+
+
+class LatencyTarget(SpecModel):
+    """A latency objective at a percentile."""
+
+    percentile: Percentile = Field("P50", description="Percentile the target applies to.")
+    target_milliseconds: Milliseconds = Field(description="Target latency in milliseconds.")
+
+
+class SLOSpec(SpecModel):
+    """Service-level objectives: prefill scales on TTFT, decode on ITL."""
+
+    ttft: LatencyTarget = Field(description="Time to first token objective (prefill pools).")
+    itl: LatencyTarget = Field(description="Inter-token latency objective (decode pools).")
+    window_seconds: Annotated[StrictInt, Field(ge=10, le=3600)] = Field(
+        60, description="Window over which percentiles are computed, in seconds."
+    )
+
+
+class Toleration(SpecModel):
+    """A pod toleration (the core/v1 Toleration shape)."""
+
+    key: Annotated[StrictStr, Field(max_length=317)] | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: LabelValue | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+class AcceleratorSpec(SpecModel):
+    """Where a pool's replicas run and which accelerator resource each one takes."""
+
+    resource_name: Annotated[LabelKey, Field(max_length=253)] = Field(
+        description="Extended resource of the accelerator, e.g. mthreads.com/gpu or nvidia.com/gpu."
+    )
+    per_replica: Annotated[StrictInt, Field(ge=1, le=64)] = Field(
+        1, description="Accelerator cards per replica (the engine's tensor-parallel size)."
+    )
+    node_selector: Annotated[dict[LabelKey, LabelValue], Field(max_length=16)] = Field(
+        default_factory=dict, description="Node labels the pool's pods require."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=16)] = Field(
+        default_factory=list, description="Tolerations for tainted accelerator nodes."
+    )
+    profile: Annotated[StrictStr, Field(max_length=63, pattern=r"^[a-z0-9][-a-z0-9.]*$")] | None = (
+        Field(
+            None,
+            description="Hardware profile name (e.g. mtt-s5000, h200) that seeds the pool's "
+            "capacity model; learned online when absent.",
+        )
+    )
+
+
+class ReplicaBounds(SpecModel):
+    """Inclusive bounds the autoscaler keeps a pool within."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.min <= self.max",
+                    "replicas.min must be less than or equal to replicas.max",
+                )
+            ]
+        }
+    )
+
+    min: Replicas = Field(1, description="Fewest replicas.")
+    max: Annotated[StrictInt, Field(ge=1, le=1000)] = Field(10, description="Most replicas.")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "ReplicaBounds":
+        if self.min > self.max:
+            raise ValueError("replicas.min must be less than or equal to replicas.max")
+        return self
+
+
+class EnvVar(SpecModel):
+    """A literal environment variable for the engine container."""
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN)]
+    value: Annotated[StrictStr, Field(max_length=4096)] = ""
+
+
+class ResourceAmounts(SpecModel):
+    """CPU and memory for the engine container (the accelerator is set by `accelerator`)."""
+
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
+
+
+class ContainerResources(SpecModel):
+    """Requests and limits of the engine container, besides the accelerator."""
+
+    requests: ResourceAmounts | None = None
+    limits: ResourceAmounts | None = None
+
+
+PASSTHROUGH_OBJECT: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class PodTemplateOverrides(SpecModel):
+    """Optional changes to the generated pod template."""
+
+    image: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = Field(
+        None,
+        description="Engine image for this pool when it differs from spec.model.image "
+        "(e.g. a MUSA build for Moore Threads cards).",
+    )
+    labels: Annotated[dict[LabelKey, LabelValue], Field(max_length=32)] = Field(
+        default_factory=dict, description="Extra pod labels."
+    )
+    annotations: Annotated[
+        dict[LabelKey, Annotated[StrictStr, Field(max_length=4096)]], Field(max_length=32)
+    ] = Field(default_factory=dict, description="Extra pod annotations.")
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
+        default_factory=list, description="Extra environment variables of the engine container."
+    )
+    resources: ContainerResources | None = Field(
+        None, description="CPU and memory requests and limits of the engine container."
+    )
+    scheduler_name: ShortText | None = Field(
+        None, description="Scheduler for the pods, e.g. pd-mock-scheduler in simulated clusters."
+    )
+    service_account_name: ShortText | None = None
+    priority_class_name: ShortText | None = None
+    volumes: Annotated[
+        list[Annotated[dict[str, Any], Field(json_schema_extra=PASSTHROUGH_OBJECT)]],
+        Field(max_length=16),
+    ] = Field(default_factory=list, description="Pod volumes (core/v1 Volume objects).")
+    volume_mounts: Annotated[
+        list[Annotated[dict[str, Any], Field(json_schema_extra=PASSTHROUGH_OBJECT)]],
+        Field(max_length=16),
+    ] = Field(default_factory=list, description="Engine container volume mounts (core/v1).")
+
+
+class PoolSpec(SpecModel):
+    """One pool of a role: identical replicas on one kind of accelerator."""
+
+    name: PoolName = Field(description="Pool name, unique within its role (a DNS label).")
+    accelerator: AcceleratorSpec
+    replicas: ReplicaBounds = Field(
+        default_factory=ReplicaBounds, json_schema_extra=EMPTY_OBJECT_DEFAULT
+    )
+    template: PodTemplateOverrides | None = None
+
+
+class RoleSpec(SpecModel):
+    """The pools of one role, in order of preference (the first is filled first)."""
+
+    pools: Annotated[list[PoolSpec], Field(min_length=1, max_length=8)] = Field(
+        description="Pools in order of preference; names unique.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_names(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
+        names = [pool.name for pool in pools]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate pool name(s): {', '.join(duplicates)}")
+        return pools
+
+
+class StepPolicy(SpecModel):
+    """How fast one direction of scaling may move."""
+
+    stabilization_seconds: Seconds = Field(
+        description="How long a decision must hold before it is applied, in seconds."
+    )
+    max_step_replicas: Annotated[StrictInt, Field(ge=1, le=100)] = Field(
+        description="Most replicas added or removed per pool in one step."
+    )
+
+
+class RatioGuardrail(SpecModel):
+    """Bounds on prefill replicas as a percentage of decode replicas (4P2D is 200)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.minPercent <= self.maxPercent",
+                    "prefillToDecodeRatio.minPercent must be less than or equal to maxPercent",
+                )
+            ]
+        }
+    )
+
+    min_percent: Annotated[StrictInt, Field(ge=1, le=10_000)]
+    max_percent: Annotated[StrictInt, Field(ge=1, le=10_000)]
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "RatioGuardrail":
+        if self.min_percent > self.max_percent:
+            raise ValueError(
+                "prefillToDecodeRatio.minPercent must be less than or equal to maxPercent"
+            )
+        return self
+
+
+class SecretKeyRef(SpecModel):
+    """A key of a Secret in the PDDeployment's namespace."""
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=253)]
+    key: Annotated[StrictStr, Field(min_length=1, max_length=253)]
+
+
+class PrometheusSpec(SpecModel):
+    """Where the SLO metrics are read from."""
+
+    url: Annotated[StrictStr, Field(max_length=2048, pattern=r"^https?://")] = Field(
+        description="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090."
+    )
+    bearer_token_secret_ref: SecretKeyRef | None = None
+    ca_secret_ref: SecretKeyRef | None = None
+
+
+def _default_scale_up() -> StepPolicy:
+    return StepPolicy(stabilization_seconds=0, max_step_replicas=4)
+
+
+def _default_scale_down() -> StepPolicy:
+    return StepPolicy(stabilization_seconds=300, max_step_replicas=1)
+
+
+class ScalingSpec(SpecModel):
+    """The autoscaler's behaviour."""
+
+    mode: ScalingMode = Field(
+        "Active",
+        description="Active applies decisions; Advisory records them only; "
+        "Disabled leaves replicas alone.",
+    )
+    interval_seconds: Annotated[StrictInt, Field(ge=5, le=3600)] = Field(
+        30, description="Decision interval in seconds."
+    )
+    scale_up: StepPolicy = Field(
+        default_factory=_default_scale_up,
+        json_schema_extra={"default": {"stabilizationSeconds": 0, "maxStepReplicas": 4}},
+    )
+    scale_down: StepPolicy = Field(
+        default_factory=_default_scale_down,
+        json_schema_extra={"default": {"stabilizationSeconds": 300, "maxStepReplicas": 1}},
+    )
+    prefill_to_decode_ratio: RatioGuardrail | None = None
+    prometheus: PrometheusSpec | None = Field(
+        None, description="Metrics source; the operator's --prometheus-url when absent."
+    )
+
+
+class PDDeploymentSpec(SpecModel):
+    """A model served by a prefill role and a decode role, each with its own pools and SLO."""
+
+    model: ModelSpec
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=KVTransferSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
+    )
+    slo: SLOSpec
+    prefill: RoleSpec
+    decode: RoleSpec
+    scaling: ScalingSpec = Field(
+        default_factory=ScalingSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
+    )
+
+    def pools(self, role: Role) -> list[PoolSpec]:
+        """The pools of a role, in order of preference."""
+        return self.prefill.pools if role == "prefill" else self.decode.pools

@@ -1,0 +1,76 @@
+"""The PDDeployment status: written by the operator only."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from pd_operator.api.spec import Role
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+LimitedBy = Literal["none", "capacity", "ratio", "rate", "bounds", "metrics", "warmup"]
+
+
+class StatusModel(BaseModel):
+    """Base of the status models: camelCase on the wire; unknown keys kept out."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Condition(StatusModel):
+    """A condition in the metav1.Condition shape."""
+
+    type: str = Field(max_length=316)
+    status: ConditionStatus
+    observed_generation: int | None = None
+    last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field("", max_length=32768)
+
+
+class PoolStatus(StatusModel):
+    """Observed and desired replicas of one pool."""
+
+    role: Role
+    name: str
+    replicas: int = 0
+    ready_replicas: int = 0
+    desired_replicas: int = 0
+    unschedulable_replicas: int = Field(0, description="Pods with PodScheduled=False.")
+
+
+class ReplicaSummary(StatusModel):
+    """Ready/desired replicas per role as text, for `kubectl get` columns."""
+
+    prefill: str = ""
+    decode: str = ""
+
+
+class ObservedSignals(StatusModel):
+    """The SLO signals last read from Prometheus."""
+
+    ttft_milliseconds: int | None = None
+    itl_milliseconds: int | None = None
+    requests_per_second: float | None = None
+    sample_time: str | None = None
+
+
+class Decision(StatusModel):
+    """The autoscaler's last decision and what limited it."""
+
+    time: str
+    prefill_replicas: int
+    decode_replicas: int
+    reason: str
+    limited_by: LimitedBy = "none"
+
+
+class PDDeploymentStatus(StatusModel):
+    """Status of a PDDeployment."""
+
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    pools: list[PoolStatus] = Field(default_factory=list)
+    replica_summary: ReplicaSummary | None = None
+    observed: ObservedSignals | None = None
+    last_decision: Decision | None = None

@@ -1,0 +1,175 @@
+"""Shared PDDeployment documents for the validation tests (unit and against the apiserver)."""
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted((ROOT / "config" / "samples").glob("*.yaml"))
+CRD_PATH = ROOT / "crds" / "pdoperator.io_pddeployments.yaml"
+
+
+def load_sample(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def minimal() -> dict[str, Any]:
+    """The smallest valid PDDeployment: everything else comes from defaults."""
+    return {
+        "apiVersion": "pdoperator.io/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": "minimal"},
+        "spec": {
+            "model": {"name": "m", "image": "img:1"},
+            "slo": {"ttft": {"targetMilliseconds": 1000}, "itl": {"targetMilliseconds": 20}},
+            "prefill": {
+                "pools": [{"name": "p", "accelerator": {"resourceName": "mthreads.com/gpu"}}]
+            },
+            "decode": {"pools": [{"name": "d", "accelerator": {"resourceName": "nvidia.com/gpu"}}]},
+        },
+    }
+
+
+def _set(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Set a dotted path (list indexes as numbers) in a copy of doc; `...` deletes the key."""
+    doc = copy.deepcopy(doc)
+    *parents, last = path.split(".")
+    node: Any = doc
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+    key: Any = int(last) if last.isdigit() else last
+    if value is ...:
+        del node[key]
+    else:
+        node[key] = value
+    return doc
+
+
+def mutate(path: str, value: Any) -> dict[str, Any]:
+    return _set(minimal(), path, value)
+
+
+POOL = {"name": "p", "accelerator": {"resourceName": "mthreads.com/gpu"}}
+
+# (case id, document, the field path that the error must name)
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("engine-unknown", mutate("spec.model.engine", "TensorRT"), "spec.model.engine"),
+    ("connector-unknown", mutate("spec.kvTransfer.connector", "Gloo"), "spec.kvTransfer.connector"),
+    ("protocol-unknown", mutate("spec.kvTransfer.protocol", "UDP"), "spec.kvTransfer.protocol"),
+    (
+        "cache-dtype-unknown",
+        mutate("spec.kvTransfer.cacheDtype", "FP4"),
+        "spec.kvTransfer.cacheDtype",
+    ),
+    ("percentile-unknown", mutate("spec.slo.ttft.percentile", "P75"), "spec.slo.ttft.percentile"),
+    ("mode-off-yaml-bool", mutate("spec.scaling.mode", False), "spec.scaling.mode"),
+    (
+        "ttft-target-zero",
+        mutate("spec.slo.ttft.targetMilliseconds", 0),
+        "spec.slo.ttft.targetMilliseconds",
+    ),
+    (
+        "itl-target-negative",
+        mutate("spec.slo.itl.targetMilliseconds", -5),
+        "spec.slo.itl.targetMilliseconds",
+    ),
+    (
+        "itl-target-float",
+        mutate("spec.slo.itl.targetMilliseconds", 20.5),
+        "spec.slo.itl.targetMilliseconds",
+    ),
+    ("window-float", mutate("spec.slo.windowSeconds", 60.0), "spec.slo.windowSeconds"),
+    ("window-too-short", mutate("spec.slo.windowSeconds", 5), "spec.slo.windowSeconds"),
+    (
+        "target-as-string",
+        mutate("spec.slo.ttft.targetMilliseconds", "1000"),
+        "spec.slo.ttft.targetMilliseconds",
+    ),
+    (
+        "replicas-min-negative",
+        mutate("spec.prefill.pools.0.replicas", {"min": -1, "max": 2}),
+        "spec.prefill.pools[0].replicas.min",
+    ),
+    (
+        "replicas-max-zero",
+        mutate("spec.decode.pools.0.replicas", {"min": 0, "max": 0}),
+        "spec.decode.pools[0].replicas.max",
+    ),
+    (
+        "replicas-min-gt-max",
+        mutate("spec.prefill.pools.0.replicas", {"min": 5, "max": 2}),
+        "spec.prefill.pools[0].replicas",
+    ),
+    (
+        "per-replica-zero",
+        mutate("spec.prefill.pools.0.accelerator.perReplica", 0),
+        "spec.prefill.pools[0].accelerator.perReplica",
+    ),
+    ("duplicate-pool-names", mutate("spec.prefill.pools", [POOL, POOL]), "spec.prefill.pools"),
+    ("empty-role", mutate("spec.decode.pools", []), "spec.decode.pools"),
+    ("missing-role", mutate("spec.decode", ...), "spec.decode"),
+    ("unknown-field", mutate("spec.model.weights", "s3://bucket"), "spec.model"),
+    ("unknown-field-in-pool", mutate("spec.prefill.pools.0.gpus", 8), "spec.prefill.pools[0]"),
+    (
+        "pool-name-too-long",
+        mutate("spec.prefill.pools.0.name", "p" * 40),
+        "spec.prefill.pools[0].name",
+    ),
+    (
+        "pool-name-not-dns",
+        mutate("spec.prefill.pools.0.name", "Prefill_Pool"),
+        "spec.prefill.pools[0].name",
+    ),
+    (
+        "resource-name-invalid",
+        mutate("spec.prefill.pools.0.accelerator.resourceName", "gpu cards!"),
+        "spec.prefill.pools[0].accelerator.resourceName",
+    ),
+    (
+        "node-selector-bad-key",
+        mutate("spec.prefill.pools.0.accelerator.nodeSelector", {"bad key!": "x"}),
+        "spec.prefill.pools[0].accelerator.nodeSelector",
+    ),
+    ("model-name-empty", mutate("spec.model.name", ""), "spec.model.name"),
+    ("image-too-long", mutate("spec.model.image", "i" * 600), "spec.model.image"),
+    ("too-many-args", mutate("spec.model.args", ["--x"] * 65), "spec.model.args"),
+    (
+        "ratio-min-gt-max",
+        mutate("spec.scaling.prefillToDecodeRatio", {"minPercent": 300, "maxPercent": 100}),
+        "spec.scaling.prefillToDecodeRatio",
+    ),
+    (
+        "ratio-float",
+        mutate("spec.scaling.prefillToDecodeRatio", {"minPercent": 1.5, "maxPercent": 100}),
+        "spec.scaling.prefillToDecodeRatio.minPercent",
+    ),
+    (
+        "interval-too-short",
+        mutate("spec.scaling.intervalSeconds", 1),
+        "spec.scaling.intervalSeconds",
+    ),
+    (
+        "step-zero",
+        mutate("spec.scaling.scaleUp", {"stabilizationSeconds": 0, "maxStepReplicas": 0}),
+        "spec.scaling.scaleUp.maxStepReplicas",
+    ),
+    (
+        "prometheus-url-scheme",
+        mutate("spec.scaling.prometheus", {"url": "prometheus:9090"}),
+        "spec.scaling.prometheus.url",
+    ),
+    (
+        "toleration-bad-operator",
+        mutate("spec.decode.pools.0.accelerator.tolerations", [{"key": "k", "operator": "In"}]),
+        "spec.decode.pools[0].accelerator.tolerations[0].operator",
+    ),
+    (
+        "memory-not-quantity",
+        mutate("spec.decode.pools.0.template", {"resources": {"requests": {"memory": "lots"}}}),
+        "spec.decode.pools[0].template.resources.requests.memory",
+    ),
+    ("name-not-dns-label", mutate("metadata.name", "GLM.Hetero"), "metadata.name"),
+    ("name-too-long", mutate("metadata.name", "g" * 64), "metadata.name"),
+]

@@ -1,0 +1,127 @@
+"""The PDDeployment models and the generated CRD accept, reject and default the same documents."""
+
+import copy
+from typing import Any
+
+import jsonschema
+import pytest
+
+from pd_operator.api import InvalidSpecError, parse_pddeployment
+from pd_operator.api.crd import render_crd
+from pdcases import CRD_PATH, INVALID, SAMPLES, load_sample, minimal
+from schema_tools import apply_defaults, crd_schema, normalise, strict
+
+# Rules that only CEL or list-map semantics express; the apiserver tier checks these for real.
+NEEDS_APISERVER = {
+    "replicas-min-gt-max",
+    "duplicate-pool-names",
+    "ratio-min-gt-max",
+    "node-selector-bad-key",
+    "name-not-dns-label",
+    "name-too-long",
+}
+
+
+def schema_errors(document: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft4Validator(strict(crd_schema()))
+    errors = []
+    for error in validator.iter_errors(document):
+        path = [str(p) for p in error.absolute_path]
+        if error.validator == "required":  # name the missing field, as the apiserver does
+            path += [name for name in error.validator_value if name not in error.instance][:1]
+        errors.append(".".join(path) + ": " + error.message)
+    return errors
+
+
+def dotted(path: str) -> str:
+    """`spec.pools[0].x` in the form jsonschema reports paths: `spec.pools.0.x`."""
+    return path.replace("[", ".").replace("]", "")
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_every_sample_is_valid_for_models_and_schema(sample):
+    document = load_sample(sample)
+    parse_pddeployment(document)
+    assert schema_errors(document) == []
+
+
+@pytest.mark.parametrize(("case", "document", "field"), INVALID, ids=[c[0] for c in INVALID])
+def test_models_reject_invalid_documents_naming_the_field(case, document, field):
+    with pytest.raises(InvalidSpecError) as raised:
+        parse_pddeployment(document)
+    assert any(field in problem for problem in raised.value.problems), raised.value.problems
+
+
+@pytest.mark.parametrize(
+    ("case", "document", "field"),
+    [c for c in INVALID if c[0] not in NEEDS_APISERVER],
+    ids=[c[0] for c in INVALID if c[0] not in NEEDS_APISERVER],
+)
+def test_schema_rejects_invalid_documents_naming_the_field(case, document, field):
+    errors = schema_errors(document)
+    assert errors, f"{case}: the CRD schema accepted it"
+    assert any(error.startswith(dotted(field)) for error in errors), errors
+
+
+def test_cel_rules_exist_where_the_openapi_keywords_cannot_express_the_rule():
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    pool = spec["prefill"]["properties"]["pools"]
+    assert pool["x-kubernetes-list-type"] == "map"
+    assert pool["x-kubernetes-list-map-keys"] == ["name"]
+    rules = pool["items"]["properties"]["replicas"]["x-kubernetes-validations"]
+    assert rules[0]["rule"] == "self.min <= self.max"
+    ratio = spec["scaling"]["properties"]["prefillToDecodeRatio"]["x-kubernetes-validations"]
+    assert ratio[0]["rule"] == "self.minPercent <= self.maxPercent"
+
+
+def test_schema_and_models_carry_the_same_defaults():
+    for document in [minimal(), *(load_sample(s) for s in SAMPLES)]:
+        by_schema = apply_defaults(crd_schema(), copy.deepcopy(document))["spec"]
+        by_model = parse_pddeployment(document).spec.model_dump(by_alias=True, mode="json")
+        assert normalise(by_schema) == normalise(by_model)
+
+
+def test_minimal_document_gets_the_documented_defaults():
+    spec = parse_pddeployment(minimal()).spec
+    assert spec.model.engine == "VLLM"
+    assert (spec.kv_transfer.connector, spec.kv_transfer.protocol) == ("Mooncake", "RDMA")
+    assert spec.slo.ttft.percentile == "P50" and spec.slo.window_seconds == 60
+    assert spec.scaling.mode == "Active" and spec.scaling.interval_seconds == 30
+    assert spec.scaling.scale_down.stabilization_seconds == 300
+    assert (spec.prefill.pools[0].replicas.min, spec.prefill.pools[0].replicas.max) == (1, 10)
+
+
+def test_snake_case_keys_are_rejected_on_the_wire():
+    document = minimal()
+    document["spec"]["model"]["context_length"] = 4096
+    with pytest.raises(InvalidSpecError, match=r"spec\.model\.context_length"):
+        parse_pddeployment(document)
+
+
+def test_committed_crd_is_generated_from_the_models():
+    assert CRD_PATH.read_text() == render_crd(), "run `make manifests`"
+
+
+def test_every_string_and_list_in_the_spec_is_bounded():
+    unbounded = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        kind = node.get("type")
+        if kind == "string" and "maxLength" not in node and "enum" not in node:
+            unbounded.append(path)
+        if kind == "array" and "maxItems" not in node:
+            unbounded.append(path)
+        if kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            unbounded.append(path)
+        for name, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    walk(crd_schema()["properties"]["spec"], "spec")
+    assert unbounded == []
+
+
+def test_no_floats_in_the_spec_schema():
+    text = CRD_PATH.read_text().split("          status:")[0]
+    assert "type: number" not in text
