@@ -80,7 +80,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         mutate("spec.slo.itl.targetMilliseconds", 20.5),
         "spec.slo.itl.targetMilliseconds",
     ),
-    ("window-float", mutate("spec.slo.windowSeconds", 60.0), "spec.slo.windowSeconds"),
+    ("window-fractional", mutate("spec.slo.windowSeconds", 60.5), "spec.slo.windowSeconds"),
     ("window-too-short", mutate("spec.slo.windowSeconds", 5), "spec.slo.windowSeconds"),
     (
         "target-as-string",

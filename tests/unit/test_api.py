@@ -23,7 +23,7 @@ NEEDS_APISERVER = {
 
 
 def schema_errors(document: dict[str, Any]) -> list[str]:
-    validator = jsonschema.Draft4Validator(strict(crd_schema()))
+    validator = jsonschema.Draft7Validator(strict(crd_schema()))  # draft 6+: 60.0 is an integer
     errors = []
     for error in validator.iter_errors(document):
         path = [str(p) for p in error.absolute_path]
@@ -125,3 +125,37 @@ def test_every_string_and_list_in_the_spec_is_bounded():
 def test_no_floats_in_the_spec_schema():
     text = CRD_PATH.read_text().split("          status:")[0]
     assert "type: number" not in text
+
+
+# What a structural schema may contain (apiextensions.k8s.io/v1 JSONSchemaProps we use).
+OPENAPI_KEYS = {
+    "description", "type", "format", "properties", "items", "required", "enum", "default",
+    "minimum", "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems",
+    "minProperties", "maxProperties", "additionalProperties", "nullable",
+}  # fmt: skip
+
+
+def test_schema_uses_only_keywords_the_apiserver_knows():
+    unknown = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        unknown.extend(
+            f"{path}.{key}"
+            for key in node
+            if key not in OPENAPI_KEYS and not key.startswith("x-kubernetes-")
+        )
+        for name, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], f"{path}.{key}")
+
+    walk(crd_schema(), "")
+    assert unknown == []
+
+
+def test_whole_valued_numbers_are_integers_as_the_apiserver_decides():
+    document = minimal()
+    document["spec"]["slo"]["windowSeconds"] = 60.0
+    assert parse_pddeployment(document).spec.slo.window_seconds == 60
+    assert schema_errors(document) == []

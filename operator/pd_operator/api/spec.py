@@ -13,7 +13,6 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
-    StrictInt,
     StrictStr,
     field_validator,
     model_validator,
@@ -22,6 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from pd_operator.api.types import (
     ENV_NAME_PATTERN,
+    WHOLE_NUMBER,
     LabelKey,
     LabelValue,
     Milliseconds,
@@ -92,7 +92,7 @@ class ModelSpec(SpecModel):
             description="Extra engine arguments appended to the generated command line.",
         )
     )
-    context_length: Annotated[StrictInt, Field(ge=1, le=10_000_000)] | None = Field(
+    context_length: Annotated[int, Field(ge=1, le=10_000_000), WHOLE_NUMBER] | None = Field(
         None, description="Maximum context length in tokens (--max-model-len)."
     )
 
@@ -121,7 +121,7 @@ class SLOSpec(SpecModel):
 
     ttft: LatencyTarget = Field(description="Time to first token objective (prefill pools).")
     itl: LatencyTarget = Field(description="Inter-token latency objective (decode pools).")
-    window_seconds: Annotated[StrictInt, Field(ge=10, le=3600)] = Field(
+    window_seconds: Annotated[int, Field(ge=10, le=3600), WHOLE_NUMBER] = Field(
         60, description="Window over which percentiles are computed, in seconds."
     )
 
@@ -133,7 +133,7 @@ class Toleration(SpecModel):
     operator: Literal["Exists", "Equal"] = "Equal"
     value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: Annotated[StrictInt, Field(ge=0)] | None = None
+    toleration_seconds: Annotated[int, Field(ge=0), WHOLE_NUMBER] | None = None
 
 
 class AcceleratorSpec(SpecModel):
@@ -142,7 +142,7 @@ class AcceleratorSpec(SpecModel):
     resource_name: Annotated[LabelKey, Field(max_length=253)] = Field(
         description="Extended resource of the accelerator, e.g. mthreads.com/gpu or nvidia.com/gpu."
     )
-    per_replica: Annotated[StrictInt, Field(ge=1, le=64)] = Field(
+    per_replica: Annotated[int, Field(ge=1, le=64), WHOLE_NUMBER] = Field(
         1, description="Accelerator cards per replica (the engine's tensor-parallel size)."
     )
     node_selector: Annotated[dict[LabelKey, LabelValue], Field(max_length=16)] = Field(
@@ -175,7 +175,9 @@ class ReplicaBounds(SpecModel):
     )
 
     min: Replicas = Field(1, description="Fewest replicas.")
-    max: Annotated[StrictInt, Field(ge=1, le=1000)] = Field(10, description="Most replicas.")
+    max: Annotated[int, Field(ge=1, le=1000), WHOLE_NUMBER] = Field(
+        10, description="Most replicas."
+    )
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "ReplicaBounds":
@@ -248,8 +250,9 @@ class PoolSpec(SpecModel):
 
     name: PoolName = Field(description="Pool name, unique within its role (a DNS label).")
     accelerator: AcceleratorSpec
+    # A complete default: the apiserver checks defaults against the CEL rule before defaulting.
     replicas: ReplicaBounds = Field(
-        default_factory=ReplicaBounds, json_schema_extra=EMPTY_OBJECT_DEFAULT
+        default_factory=ReplicaBounds, json_schema_extra={"default": {"min": 1, "max": 10}}
     )
     template: PodTemplateOverrides | None = None
 
@@ -278,7 +281,7 @@ class StepPolicy(SpecModel):
     stabilization_seconds: Seconds = Field(
         description="How long a decision must hold before it is applied, in seconds."
     )
-    max_step_replicas: Annotated[StrictInt, Field(ge=1, le=100)] = Field(
+    max_step_replicas: Annotated[int, Field(ge=1, le=100), WHOLE_NUMBER] = Field(
         description="Most replicas added or removed per pool in one step."
     )
 
@@ -297,8 +300,8 @@ class RatioGuardrail(SpecModel):
         }
     )
 
-    min_percent: Annotated[StrictInt, Field(ge=1, le=10_000)]
-    max_percent: Annotated[StrictInt, Field(ge=1, le=10_000)]
+    min_percent: Annotated[int, Field(ge=1, le=10_000), WHOLE_NUMBER]
+    max_percent: Annotated[int, Field(ge=1, le=10_000), WHOLE_NUMBER]
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "RatioGuardrail":
@@ -342,7 +345,7 @@ class ScalingSpec(SpecModel):
         description="Active applies decisions; Advisory records them only; "
         "Disabled leaves replicas alone.",
     )
-    interval_seconds: Annotated[StrictInt, Field(ge=5, le=3600)] = Field(
+    interval_seconds: Annotated[int, Field(ge=5, le=3600), WHOLE_NUMBER] = Field(
         30, description="Decision interval in seconds."
     )
     scale_up: StepPolicy = Field(

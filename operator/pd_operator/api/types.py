@@ -1,12 +1,13 @@
 """Constrained wire types shared by the spec models.
 
-Strict types, so that a float or a quoted number where an integer belongs is an error
-(the CRD's OpenAPI schema rejects the same documents).
+Strict types, so that a fraction or a quoted number where an integer belongs is an error,
+exactly as the CRD's OpenAPI schema decides: the apiserver accepts a whole-valued number such as
+60.0 for an integer field (JSON has one number type), so the models do too.
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import BeforeValidator, Field, StrictStr
 
 # DNS-1123 label: pool names become part of child object names.
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -18,11 +19,28 @@ QUALIFIED_NAME_PATTERN = (
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$"
 
+
+def _whole_number(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("Input should be a valid integer")  # YAML's true/false are not 1/0
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("Input should be a valid integer, got a number with a fractional part")
+        return int(value)
+    if not isinstance(value, int):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
+# An integer on the wire: int, or a float with no fractional part; never a string or a bool.
+# It goes last in an Annotated, after the Field bounds, so that the JSON schema keeps them.
+WHOLE_NUMBER = BeforeValidator(_whole_number)
+
 PoolName = Annotated[StrictStr, Field(min_length=1, max_length=32, pattern=DNS_LABEL_PATTERN)]
 ShortText = Annotated[StrictStr, Field(max_length=253)]
 LabelKey = Annotated[StrictStr, Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME_PATTERN)]
 LabelValue = Annotated[StrictStr, Field(max_length=63)]
 Quantity = Annotated[StrictStr, Field(min_length=1, max_length=32, pattern=QUANTITY_PATTERN)]
-Replicas = Annotated[StrictInt, Field(ge=0, le=1000)]
-Milliseconds = Annotated[StrictInt, Field(ge=1, le=3_600_000)]
-Seconds = Annotated[StrictInt, Field(ge=0, le=86_400)]
+Replicas = Annotated[int, Field(ge=0, le=1000), WHOLE_NUMBER]
+Milliseconds = Annotated[int, Field(ge=1, le=3_600_000), WHOLE_NUMBER]
+Seconds = Annotated[int, Field(ge=0, le=86_400), WHOLE_NUMBER]
