@@ -1,0 +1,267 @@
+"""Desired child objects of a PDDeployment, built whole as data for server-side apply.
+
+Per role one ClusterIP Service over all of the role's pools; per pool one Deployment. Each
+manifest carries only the fields the operator owns (field manager `pd-operator`); fields that
+the apiserver or other controllers set (clusterIP, status, defaults) are left out. Children get
+their own labels and never the parent's labels or annotations, which GitOps tools use to track
+what they applied.
+"""
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pd_operator.api.document import API_VERSION, KIND, PDDeployment
+from pd_operator.api.spec import PodTemplateOverrides, PoolSpec, Role
+from pd_operator.core.engine_args import (
+    HEALTH_PATH,
+    METRICS_PATH,
+    engine_command,
+    engine_env,
+    engine_port,
+)
+from pd_operator.core.naming import deployment_name, service_name
+
+Manifest = dict[str, Any]
+PoolKey = tuple[Role, str]
+
+ROLES: tuple[Role, ...] = ("prefill", "decode")
+LABEL_DEPLOYMENT = "pdoperator.io/deployment"
+LABEL_ROLE = "pdoperator.io/role"
+LABEL_POOL = "pdoperator.io/pool"
+ENGINE_APP_NAME = "pd-operator-engine"
+MANAGED_BY = "pd-operator"
+CONTAINER_NAME = "engine"
+PORT_NAME = "http"
+# Service-side only: the engine serves /metrics on its HTTP port, and a Service needs distinct
+# port numbers, so the `metrics` name that a ServiceMonitor selects gets one of its own.
+METRICS_SERVICE_PORT = 9090
+SHM_VOLUME = "pd-shm"
+SHM_PATH = "/dev/shm"
+
+READINESS_PERIOD_SECONDS = 10
+# Loading a large checkpoint onto 8 cards and capturing graphs can take tens of minutes; the
+# startup probe holds readiness off for up to an hour before the kubelet restarts the engine.
+STARTUP_PERIOD_SECONDS = 10
+STARTUP_FAILURE_THRESHOLD = 360
+# A rollout that waits on model loading is not stuck: report no ProgressDeadlineExceeded before
+# a replacement pod has had its whole startup window.
+PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
+
+
+def selector_labels(pdd_name: str, role: Role, pool: str | None = None) -> dict[str, str]:
+    """The pdoperator.io labels that select a role's pods, or one pool's when `pool` is given."""
+    labels = {LABEL_DEPLOYMENT: pdd_name, LABEL_ROLE: role}
+    if pool is not None:
+        labels[LABEL_POOL] = pool
+    return labels
+
+
+def child_labels(pdd_name: str, role: Role, pool: str | None = None) -> dict[str, str]:
+    """All labels the operator puts on a child and its pods."""
+    return {
+        **selector_labels(pdd_name, role, pool),
+        "app.kubernetes.io/name": ENGINE_APP_NAME,
+        "app.kubernetes.io/instance": pdd_name,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/part-of": pdd_name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def owner_reference(pdd: PDDeployment) -> dict[str, Any]:
+    """The controller owner reference that ties a child to its PDDeployment."""
+    if not pdd.metadata.uid:
+        raise ValueError(f"PDDeployment {pdd.metadata.name!r} has no metadata.uid")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": pdd.metadata.name,
+        "uid": pdd.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(pdd: PDDeployment, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if pdd.metadata.namespace:
+        metadata["namespace"] = pdd.metadata.namespace
+    metadata["labels"] = labels
+    metadata["ownerReferences"] = [owner_reference(pdd)]
+    return metadata
+
+
+def _merge_by(key: str, ours: list[dict[str, Any]], theirs: Iterable[dict[str, Any]]) -> list[Any]:
+    """Ours then theirs; an entry of theirs replaces ours with the same key.
+
+    Server-side apply rejects list-map entries with duplicate keys, and the user's entry is the
+    deliberate one.
+    """
+    copied = [copy.deepcopy(item) for item in theirs]
+    taken = {item.get(key) for item in copied}
+    return [item for item in ours if item[key] not in taken] + copied
+
+
+def _resources(pool: PoolSpec, template: PodTemplateOverrides) -> dict[str, Any]:
+    # Extended resources cannot be overcommitted: the apiserver requires requests == limits.
+    cards = {pool.accelerator.resource_name: str(pool.accelerator.per_replica)}
+    extra = template.resources
+    requests = extra.requests.model_dump(exclude_none=True) if extra and extra.requests else {}
+    limits = extra.limits.model_dump(exclude_none=True) if extra and extra.limits else {}
+    return {"requests": {**requests, **cards}, "limits": {**limits, **cards}}
+
+
+def _probe(failure_threshold: int, period_seconds: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": PORT_NAME},
+        "periodSeconds": period_seconds,
+        # A busy engine answers slowly; the default of 1 s would flap readiness under load.
+        "timeoutSeconds": 5,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
+    spec = pdd.spec
+    template = pool.template or PodTemplateOverrides()
+    user_env = [var.model_dump() for var in template.env]
+    shm_mount = [] if _user_mounts_shm(template) else [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": template.image or spec.model.image,
+        "command": engine_command(spec, role, pool),
+        "ports": [
+            {"name": PORT_NAME, "containerPort": engine_port(spec.model.engine), "protocol": "TCP"}
+        ],
+        "resources": _resources(pool, template),
+        "readinessProbe": _probe(3, READINESS_PERIOD_SECONDS),
+        # No liveness probe: /health is slow on a loaded engine, and a false restart costs a
+        # full model reload, far worse than a wedged replica that readiness already takes out.
+        "startupProbe": _probe(STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS),
+    }
+    env = _merge_by("name", engine_env(spec), user_env)
+    if env:
+        container["env"] = env
+    mounts = _merge_by("mountPath", shm_mount, template.volume_mounts)
+    if mounts:
+        container["volumeMounts"] = mounts
+    return container
+
+
+def _user_mounts_shm(template: PodTemplateOverrides) -> bool:
+    return any(mount.get("mountPath") == SHM_PATH for mount in template.volume_mounts)
+
+
+def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
+    template = pool.template or PodTemplateOverrides()
+    port = engine_port(pdd.spec.model.engine)
+    # Ours win over the template's: the selector and the metrics scrape depend on them.
+    labels = {**template.labels, **child_labels(pdd.metadata.name, role, pool.name)}
+    annotations = {
+        **template.annotations,
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": METRICS_PATH,
+    }
+    # Engines need a large /dev/shm for tensor-parallel collectives; the default is 64 MiB.
+    shm_volume = (
+        []
+        if _user_mounts_shm(template)
+        else [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    )
+    pod: dict[str, Any] = {
+        "containers": [_engine_container(pdd, role, pool)],
+        # Service environment variables can clash with engine settings (a Service named `vllm`
+        # sets VLLM_PORT, which vLLM reads), and engines find peers by other means.
+        "enableServiceLinks": False,
+    }
+    volumes = _merge_by("name", shm_volume, template.volumes)
+    if volumes:
+        pod["volumes"] = volumes
+    if pool.accelerator.node_selector:
+        pod["nodeSelector"] = dict(pool.accelerator.node_selector)
+    if pool.accelerator.tolerations:
+        pod["tolerations"] = [
+            toleration.model_dump(by_alias=True, exclude_none=True)
+            for toleration in pool.accelerator.tolerations
+        ]
+    for field, value in (
+        ("schedulerName", template.scheduler_name),
+        ("serviceAccountName", template.service_account_name),
+        ("priorityClassName", template.priority_class_name),
+    ):
+        if value:
+            pod[field] = value
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+
+
+def build_deployment(pdd: PDDeployment, role: Role, pool: PoolSpec, replicas: int) -> Manifest:
+    """The Deployment of one pool, running `replicas` engine pods."""
+    if replicas < 0:
+        raise ValueError(f"replicas of {role} pool {pool.name!r} must be >= 0, got {replicas}")
+    name = pdd.metadata.name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(
+            pdd, deployment_name(name, role, pool.name), child_labels(name, role, pool.name)
+        ),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(name, role, pool.name)},
+            # No surge: an extra pod needs a whole replica's worth of free cards, which a busy
+            # accelerator pool rarely has, so it would sit Pending and stall the rollout.
+            # Replacing one replica at a time frees its cards for the new pod first.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+            "template": _pod_template(pdd, role, pool),
+        },
+    }
+
+
+def build_service(pdd: PDDeployment, role: Role) -> Manifest:
+    """The ClusterIP Service over every pool of a role."""
+    name = pdd.metadata.name
+    port = engine_port(pdd.spec.model.engine)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pdd, service_name(name, role), child_labels(name, role)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(name, role),
+            "ports": [
+                {"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": METRICS_SERVICE_PORT,
+                    "targetPort": PORT_NAME,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def desired_children(pdd: PDDeployment, replicas: Mapping[PoolKey, int]) -> list[Manifest]:
+    """Every child of a PDDeployment: per role its Service, then its pools' Deployments in order.
+
+    `replicas` maps (role, pool name) to the pool's replica count; a pool missing from it gets
+    its `replicas.min`, and keys of pools no longer in the spec are ignored.
+    """
+    children: list[Manifest] = []
+    for role in ROLES:
+        children.append(build_service(pdd, role))
+        for pool in pdd.spec.pools(role):
+            count = replicas.get((role, pool.name), pool.replicas.min)
+            children.append(build_deployment(pdd, role, pool, count))
+    return children
+
+
+def child_key(obj: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(apiVersion, kind, name) of a manifest: what identifies it within one namespace."""
+    return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])

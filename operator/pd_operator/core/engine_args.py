@@ -1,0 +1,117 @@
+"""Engine command lines and environment for one role of a PDDeployment: vLLM or SGLang.
+
+Choices, and why:
+
+* KV roles: prefill pools are `kv_producer`, decode pools `kv_consumer`, as in vLLM's Mooncake
+  guide and the multi-instance part of its NIXL guide (whose single-host example uses `kv_both`).
+  Each pool serves one side only, so the role says which.
+* KV-cache dtype: FP8 asks for E4M3 on both engines (vLLM's `fp8` is E4M3), so the prefill side
+  produces what the decode side reads with no conversion. BF16 and Auto pass no flag: the engines'
+  `auto` keeps the cache in the model's activation dtype, which is bfloat16 for the FP8 and BF16
+  checkpoints this operator targets, and engine versions that lack an explicit bf16 choice still
+  start. Force it with `--kv-cache-dtype` in `spec.model.args` when a model runs in fp16.
+* Transport: Mooncake reads `MC_FORCE_TCP` itself whatever protocol the engine asks for, so TCP is
+  set there for both engines (vLLM's connector is also told `mooncake_protocol`). NIXL moves data
+  through UCX, so TCP means `UCX_TLS=^ib` (every transport but InfiniBand/RoCE verbs); RDMA keeps
+  UCX's own choice.
+* Connector None runs each pool as a self-contained engine (no KV hand-off): SGLang then gets no
+  `--disaggregation-mode`, which would need a transfer backend.
+"""
+
+import json
+from typing import Any
+
+from pd_operator.api.spec import Engine, KVConnector, PDDeploymentSpec, PoolSpec, Role
+
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+
+_PORTS: dict[Engine, int] = {"VLLM": 8000, "SGLang": 30000}
+_VLLM_CONNECTORS: dict[KVConnector, str] = {
+    "Mooncake": "MooncakeConnector",
+    "NIXL": "NixlConnector",
+}
+_SGLANG_BACKENDS: dict[KVConnector, str] = {"Mooncake": "mooncake", "NIXL": "nixl"}
+_KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def engine_port(engine: Engine) -> int:
+    """The engine's HTTP port, which serves the API, /health and /metrics."""
+    return _PORTS[engine]
+
+
+def vllm_kv_transfer_config(spec: PDDeploymentSpec, role: Role) -> dict[str, Any] | None:
+    """vLLM's `--kv-transfer-config` for a role; None when no connector is configured."""
+    kv = spec.kv_transfer
+    if kv.connector == "None":
+        return None
+    config: dict[str, Any] = {
+        "kv_connector": _VLLM_CONNECTORS[kv.connector],
+        "kv_role": _KV_ROLES[role],
+    }
+    if kv.connector == "Mooncake":
+        config["kv_connector_extra_config"] = {"mooncake_protocol": kv.protocol.lower()}
+    return config
+
+
+def _vllm_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[str]:
+    port = str(engine_port("VLLM"))
+    argv = ["vllm", "serve", spec.model.name, "--port", port]
+    argv += ["--tensor-parallel-size", str(pool.accelerator.per_replica)]
+    if spec.model.context_length is not None:
+        argv += ["--max-model-len", str(spec.model.context_length)]
+    if spec.kv_transfer.cache_dtype == "FP8":
+        argv += ["--kv-cache-dtype", "fp8"]
+    config = vllm_kv_transfer_config(spec, role)
+    if config is not None:
+        # argv goes to exec, not a shell: the JSON needs no quoting.
+        argv += ["--kv-transfer-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
+    return argv
+
+
+def _sglang_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[str]:
+    port = str(engine_port("SGLang"))
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
+    argv += ["--host", "0.0.0.0", "--port", port]
+    argv += ["--tp-size", str(pool.accelerator.per_replica)]
+    # SGLang serves /metrics only when asked; the autoscaler reads TTFT and ITL from it.
+    argv += ["--enable-metrics"]
+    if spec.model.context_length is not None:
+        argv += ["--context-length", str(spec.model.context_length)]
+    if spec.kv_transfer.cache_dtype == "FP8":
+        argv += ["--kv-cache-dtype", "fp8_e4m3"]
+    connector = spec.kv_transfer.connector
+    if connector != "None":
+        argv += ["--disaggregation-mode", role]
+        argv += ["--disaggregation-transfer-backend", _SGLANG_BACKENDS[connector]]
+    return argv
+
+
+def engine_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[str]:
+    """The engine container's full command line, with `spec.model.args` appended last."""
+    if spec.model.engine == "VLLM":
+        argv = _vllm_command(spec, role, pool)
+    else:
+        argv = _sglang_command(spec, role, pool)
+    return [*argv, *spec.model.args]
+
+
+def engine_env(spec: PDDeploymentSpec) -> list[dict[str, Any]]:
+    """Environment the KV transport needs (core/v1 EnvVar objects), the same for both roles."""
+    kv = spec.kv_transfer
+    env: list[dict[str, Any]] = []
+    if kv.connector == "Mooncake" and kv.protocol == "TCP":
+        env.append({"name": "MC_FORCE_TCP", "value": "1"})
+    if kv.connector == "NIXL":
+        if kv.protocol == "TCP":
+            env.append({"name": "UCX_TLS", "value": "^ib"})
+        if spec.model.engine == "VLLM":
+            # vLLM advertises this host to the other side for the NIXL handshake; its default,
+            # localhost, cannot be reached from another pod.
+            env.append(
+                {
+                    "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+                    "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                }
+            )
+    return env

@@ -1,0 +1,610 @@
+"""The desired children of a PDDeployment: names, placement, resources, engines, labels, owners."""
+
+import copy
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pd_operator.api import PDDeployment, parse_pddeployment
+from pd_operator.core.children import (
+    build_deployment,
+    build_service,
+    child_key,
+    desired_children,
+)
+from pd_operator.core.engine_args import engine_command, engine_env
+from pd_operator.core.naming import deployment_name, service_name
+from pdcases import ROOT, SAMPLES, load_sample, minimal
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+OUR_LABELS = {
+    "pdoperator.io/deployment",
+    "pdoperator.io/role",
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+}
+HETERO = "heterogeneous-s5000-h200.yaml"
+BASELINE = "homogeneous-h200-2p2d.yaml"
+SPILLOVER = "multipool-spillover.yaml"
+
+
+def with_identity(document: dict[str, Any]) -> PDDeployment:
+    document = copy.deepcopy(document)
+    document["metadata"].update(namespace="inference", uid="0b6f-uid")
+    return parse_pddeployment(document)
+
+
+def sample(name: str) -> PDDeployment:
+    return with_identity(load_sample(ROOT / "config" / "samples" / name))
+
+
+def custom(**spec_changes: Any) -> PDDeployment:
+    """The minimal document with top-level spec fields replaced."""
+    document = minimal()
+    document["spec"].update(spec_changes)
+    return with_identity(document)
+
+
+def deployments(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in children if c["kind"] == "Deployment"}
+
+
+def services(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in children if c["kind"] == "Service"}
+
+
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def engine(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod_spec(deployment)["containers"]
+    assert container["name"] == "engine"
+    return container
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value after `name` in argv, or None when the flag is absent."""
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    return {var["name"]: var for var in engine(deployment).get("env", [])}
+
+
+# --- names and order ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "keys"),
+    [
+        (
+            HETERO,
+            [
+                ("v1", "Service", "glm-hetero-prefill"),
+                ("apps/v1", "Deployment", "glm-hetero-prefill-s5000"),
+                ("v1", "Service", "glm-hetero-decode"),
+                ("apps/v1", "Deployment", "glm-hetero-decode-h200"),
+            ],
+        ),
+        (
+            SPILLOVER,
+            [
+                ("v1", "Service", "glm-spillover-prefill"),
+                ("apps/v1", "Deployment", "glm-spillover-prefill-s5000"),
+                ("apps/v1", "Deployment", "glm-spillover-prefill-h200-overflow"),
+                ("v1", "Service", "glm-spillover-decode"),
+                ("apps/v1", "Deployment", "glm-spillover-decode-h200"),
+            ],
+        ),
+    ],
+)
+def test_children_have_deterministic_names_in_a_stable_order(name, keys):
+    pdd = sample(name)
+    assert [child_key(c) for c in desired_children(pdd, {})] == keys
+    assert desired_children(pdd, {}) == desired_children(pdd, {})
+
+
+def test_same_pool_name_in_both_roles_gets_two_deployments():
+    children = desired_children(sample(BASELINE), {})
+    assert set(deployments(children)) == {"glm-h200-2p2d-prefill-h200", "glm-h200-2p2d-decode-h200"}
+
+
+def test_long_names_are_cut_to_63_with_a_stable_hash_of_the_full_name():
+    pdd_name, pool = "a" * 63, "p" * 32
+    name = deployment_name(pdd_name, "prefill", pool)
+    assert len(name) == 63
+    assert DNS_LABEL.match(name)
+    assert re.fullmatch(r"a{54}-[0-9a-f]{8}", name)
+    assert name == deployment_name(pdd_name, "prefill", pool)
+    # Pools that differ only past the cut still get different Deployments.
+    assert deployment_name(pdd_name, "prefill", "p" * 31 + "q") != name
+    assert deployment_name(pdd_name, "decode", pool) != name
+
+
+def test_names_that_fit_are_not_hashed():
+    assert deployment_name("x" * 40, "decode", "y" * 15) == "x" * 40 + "-decode-" + "y" * 15
+
+
+def test_service_names_start_with_a_letter_even_when_the_pdd_name_does_not():
+    assert service_name("glm", "prefill") == "glm-prefill"
+    assert service_name("4p2d", "decode") == "pd-4p2d-decode"
+    assert DNS_1035_LABEL.match(service_name("9" * 63, "prefill"))
+
+
+# --- placement and resources -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.name)
+def test_pods_land_on_their_pools_accelerator_nodes(path):
+    document = load_sample(path)
+    children = deployments(desired_children(with_identity(document), {}))
+    for role in ("prefill", "decode"):
+        for pool in document["spec"][role]["pools"]:
+            name = f"{document['metadata']['name']}-{role}-{pool['name']}"
+            spec = pod_spec(children[name])
+            accelerator = pool["accelerator"]
+            assert spec["nodeSelector"] == accelerator["nodeSelector"]
+            assert spec.get("tolerations", []) == accelerator.get("tolerations", [])
+            cards = {accelerator["resourceName"]: str(accelerator["perReplica"])}
+            assert engine(children[name])["resources"] == {"requests": cards, "limits": cards}
+
+
+def test_tolerations_use_core_v1_fields_and_omit_unset_ones():
+    pool = {
+        "name": "p",
+        "accelerator": {
+            "resourceName": "mthreads.com/gpu",
+            "tolerations": [
+                {"key": "mthreads.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "maintenance", "value": "soon", "tolerationSeconds": 300},
+            ],
+        },
+    }
+    pdd = custom(prefill={"pools": [pool]})
+    tolerations = pod_spec(deployments(desired_children(pdd, {}))["minimal-prefill-p"])[
+        "tolerations"
+    ]
+    assert tolerations == [
+        {"key": "mthreads.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "maintenance", "operator": "Equal", "value": "soon", "tolerationSeconds": 300},
+    ]
+
+
+def test_pool_without_node_selector_or_tolerations_sends_neither():
+    spec = pod_spec(deployments(desired_children(custom(), {}))["minimal-decode-d"])
+    assert "nodeSelector" not in spec
+    assert "tolerations" not in spec
+
+
+def test_template_cpu_and_memory_join_the_accelerator_which_stays_requests_equal_limits():
+    pool = {
+        "name": "p",
+        "accelerator": {"resourceName": "nvidia.com/gpu", "perReplica": 4},
+        "template": {
+            "resources": {
+                "requests": {"cpu": "32", "memory": "512Gi"},
+                "limits": {"memory": "768Gi"},
+            }
+        },
+    }
+    pdd = custom(decode={"pools": [pool]})
+    resources = engine(deployments(desired_children(pdd, {}))["minimal-decode-p"])["resources"]
+    assert resources == {
+        "requests": {"cpu": "32", "memory": "512Gi", "nvidia.com/gpu": "4"},
+        "limits": {"memory": "768Gi", "nvidia.com/gpu": "4"},
+    }
+
+
+# --- replicas and rollout ----------------------------------------------------------------------
+
+
+def test_replicas_come_from_the_mapping_and_default_to_the_pool_minimum():
+    pdd = sample(SPILLOVER)
+    children = deployments(desired_children(pdd, {("prefill", "s5000"): 3, ("decode", "gone"): 7}))
+    assert children["glm-spillover-prefill-s5000"]["spec"]["replicas"] == 3
+    assert children["glm-spillover-prefill-h200-overflow"]["spec"]["replicas"] == 0
+    assert children["glm-spillover-decode-h200"]["spec"]["replicas"] == 1
+    assert len(children) == 3  # a key for a pool no longer in the spec creates nothing
+
+
+def test_negative_replicas_are_refused():
+    pdd = sample(HETERO)
+    with pytest.raises(ValueError, match="s5000"):
+        desired_children(pdd, {("prefill", "s5000"): -1})
+
+
+def test_rollouts_never_surge_past_the_pools_cards():
+    for deployment in deployments(desired_children(sample(HETERO), {})).values():
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+        }
+
+
+# --- probes, ports and metrics -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "port"), [(HETERO, 8000), (SPILLOVER, 30000)])
+def test_engine_port_probes_and_prometheus_discovery(name, port):
+    for deployment in deployments(desired_children(sample(name), {})).values():
+        container = engine(deployment)
+        assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+        assert flag(container["command"], "--port") == str(port)
+        for probe in ("readinessProbe", "startupProbe"):
+            assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+        startup = container["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
+        assert deployment["spec"]["progressDeadlineSeconds"] > (
+            startup["periodSeconds"] * startup["failureThreshold"]
+        )
+        assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        }
+
+
+def test_engines_get_a_memory_backed_dev_shm():
+    spec = pod_spec(deployments(desired_children(sample(HETERO), {}))["glm-hetero-decode-h200"])
+    assert {"name": "pd-shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
+    assert {"name": "pd-shm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    assert spec["enableServiceLinks"] is False
+
+
+# --- labels, owners, and what is never copied --------------------------------------------------
+
+
+def test_every_child_and_pod_carries_our_labels_and_nothing_of_the_parents():
+    document = load_sample(ROOT / "config" / "samples" / SPILLOVER)
+    document["metadata"]["labels"] = {"argocd.argoproj.io/instance": "prod", "team": "llm"}
+    document["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "{}"}
+    children = desired_children(with_identity(document), {})
+    for child in children:
+        labels = child["metadata"]["labels"]
+        assert set(labels) >= OUR_LABELS
+        assert labels["app.kubernetes.io/managed-by"] == "pd-operator"
+        assert labels["pdoperator.io/deployment"] == "glm-spillover"
+        assert labels["app.kubernetes.io/component"] == labels["pdoperator.io/role"]
+        assert "annotations" not in child["metadata"]
+        assert not {"argocd.argoproj.io/instance", "team"} & set(labels)
+    for deployment in deployments(children).values():
+        pool = deployment["metadata"]["labels"]["pdoperator.io/pool"]
+        pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels["pdoperator.io/pool"] == pool
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        assert not {"argocd.argoproj.io/instance", "team"} & set(pod_labels)
+    for service in services(children).values():
+        assert "pdoperator.io/pool" not in service["metadata"]["labels"]
+
+
+def test_children_are_controlled_by_the_pddeployment():
+    for child in desired_children(sample(HETERO), {}):
+        assert child["metadata"]["namespace"] == "inference"
+        assert child["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "pdoperator.io/v1alpha1",
+                "kind": "PDDeployment",
+                "name": "glm-hetero",
+                "uid": "0b6f-uid",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+
+
+def test_a_pddeployment_without_uid_cannot_own_children():
+    pdd = parse_pddeployment(minimal())
+    with pytest.raises(ValueError, match="uid"):
+        desired_children(pdd, {})
+
+
+# --- template overrides ------------------------------------------------------------------------
+
+OVERRIDDEN_POOL = {
+    "name": "s5000",
+    "accelerator": {"resourceName": "mthreads.com/gpu", "perReplica": 8},
+    "template": {
+        "image": "registry.example/vllm-musa:1",
+        "labels": {"pdoperator.io/role": "decode", "cost-centre": "ai"},
+        "annotations": {"example.com/owner": "llm-team", "prometheus.io/scrape": "false"},
+        "env": [{"name": "UCX_TLS", "value": "rc"}, {"name": "HF_HOME", "value": "/models"}],
+        "schedulerName": "pd-mock-scheduler",
+        "serviceAccountName": "engine",
+        "priorityClassName": "inference-high",
+        "volumes": [
+            {"name": "models", "persistentVolumeClaim": {"claimName": "models"}},
+            {"name": "big-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+        ],
+        "volumeMounts": [
+            {"name": "models", "mountPath": "/models"},
+            {"name": "big-shm", "mountPath": "/dev/shm"},
+        ],
+    },
+}
+
+
+def overridden() -> dict[str, Any]:
+    pdd = custom(
+        prefill={"pools": [OVERRIDDEN_POOL]},
+        kvTransfer={"connector": "NIXL", "protocol": "TCP"},
+    )
+    return deployments(desired_children(pdd, {}))["minimal-prefill-s5000"]
+
+
+def test_template_overrides_reach_the_pod():
+    deployment = overridden()
+    pod = deployment["spec"]["template"]
+    spec = pod_spec(deployment)
+    assert engine(deployment)["image"] == "registry.example/vllm-musa:1"
+    assert spec["schedulerName"] == "pd-mock-scheduler"
+    assert spec["serviceAccountName"] == "engine"
+    assert spec["priorityClassName"] == "inference-high"
+    assert pod["metadata"]["labels"]["cost-centre"] == "ai"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "llm-team"
+
+
+def test_our_labels_and_scrape_annotations_win_over_the_template():
+    pod = overridden()["spec"]["template"]["metadata"]
+    assert pod["labels"]["pdoperator.io/role"] == "prefill"
+    assert pod["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_template_env_and_mounts_replace_ours_by_key_without_duplicates():
+    deployment = overridden()
+    env = engine(deployment)["env"]
+    assert [var["name"] for var in env].count("UCX_TLS") == 1
+    assert env_of(deployment)["UCX_TLS"] == {"name": "UCX_TLS", "value": "rc"}
+    assert env_of(deployment)["HF_HOME"] == {"name": "HF_HOME", "value": "/models"}
+    spec = pod_spec(deployment)
+    assert [v["name"] for v in spec["volumes"]] == ["models", "big-shm"]
+    assert [m["mountPath"] for m in engine(deployment)["volumeMounts"]] == ["/models", "/dev/shm"]
+
+
+def test_image_falls_back_to_the_model_image():
+    children = deployments(desired_children(sample(HETERO), {}))
+    images = {name: engine(d)["image"] for name, d in children.items()}
+    assert images == {
+        "glm-hetero-prefill-s5000": "registry.mthreads.com/mcconline/vllm-musa:v0.11.0",
+        "glm-hetero-decode-h200": "vllm/vllm-openai:v0.11.0",
+    }
+
+
+def test_builders_do_not_mutate_or_alias_the_spec():
+    pdd = custom(prefill={"pools": [OVERRIDDEN_POOL]})
+    before = pdd.model_dump()
+    children = desired_children(pdd, {})
+    for child in children:
+        for volume in child["spec"].get("template", {}).get("spec", {}).get("volumes", []):
+            volume["name"] = "changed"
+    assert pdd.model_dump() == before
+
+
+# --- engine command lines ----------------------------------------------------------------------
+
+
+def test_vllm_prefill_command_line_of_the_heterogeneous_sample():
+    pdd = sample(HETERO)
+    argv = engine(deployments(desired_children(pdd, {}))["glm-hetero-prefill-s5000"])["command"]
+    assert argv == [
+        "vllm",
+        "serve",
+        "zai-org/GLM-4.6-FP8",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "8",
+        "--max-model-len",
+        "65536",
+        "--kv-cache-dtype",
+        "fp8",
+        "--kv-transfer-config",
+        '{"kv_connector":"MooncakeConnector",'
+        '"kv_connector_extra_config":{"mooncake_protocol":"rdma"},"kv_role":"kv_producer"}',
+    ]
+
+
+def test_sglang_decode_command_line_of_the_spillover_sample():
+    pdd = sample(SPILLOVER)
+    argv = engine(deployments(desired_children(pdd, {}))["glm-spillover-decode-h200"])["command"]
+    assert argv == [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "zai-org/GLM-4.6-FP8",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30000",
+        "--tp-size",
+        "8",
+        "--enable-metrics",
+        "--context-length",
+        "65536",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-backend",
+        "mooncake",
+    ]
+
+
+VLLM_CONNECTOR = {"Mooncake": "MooncakeConnector", "NIXL": "NixlConnector"}
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+@pytest.mark.parametrize(
+    ("dtype", "vllm_dtype", "sglang_dtype"),
+    [("FP8", "fp8", "fp8_e4m3"), ("BF16", None, None), ("Auto", None, None)],
+)
+@pytest.mark.parametrize("connector", ["Mooncake", "NIXL", "None"])
+@pytest.mark.parametrize("engine_name", ["VLLM", "SGLang"])
+def test_engine_flags_for_every_engine_connector_and_cache_dtype(
+    engine_name, connector, dtype, vllm_dtype, sglang_dtype, role
+):
+    pdd = custom(
+        model={"name": "m", "image": "img:1", "engine": engine_name},
+        kvTransfer={"connector": connector, "cacheDtype": dtype},
+    )
+    pool = pdd.spec.pools(role)[0]
+    argv = engine_command(pdd.spec, role, pool)
+    assert flag(argv, "--max-model-len") is None
+    assert flag(argv, "--context-length") is None
+    if engine_name == "VLLM":
+        assert argv[:3] == ["vllm", "serve", "m"]
+        assert flag(argv, "--tensor-parallel-size") == "1"
+        assert flag(argv, "--kv-cache-dtype") == vllm_dtype
+        config = flag(argv, "--kv-transfer-config")
+        if connector == "None":
+            assert config is None
+        else:
+            assert config is not None
+            parsed = json.loads(config)
+            assert parsed["kv_connector"] == VLLM_CONNECTOR[connector]
+            assert parsed["kv_role"] == KV_ROLE[role]
+        assert "--disaggregation-mode" not in argv
+    else:
+        assert argv[:5] == ["python3", "-m", "sglang.launch_server", "--model-path", "m"]
+        assert flag(argv, "--tp-size") == "1"
+        assert flag(argv, "--kv-cache-dtype") == sglang_dtype
+        assert "--enable-metrics" in argv
+        if connector == "None":
+            assert "--disaggregation-mode" not in argv
+            assert "--disaggregation-transfer-backend" not in argv
+        else:
+            assert flag(argv, "--disaggregation-mode") == role
+            assert flag(argv, "--disaggregation-transfer-backend") == connector.lower()
+        assert "--kv-transfer-config" not in argv
+
+
+@pytest.mark.parametrize("engine_name", ["VLLM", "SGLang"])
+def test_context_length_tensor_parallel_and_user_args_last(engine_name):
+    pool = {"name": "p", "accelerator": {"resourceName": "mthreads.com/gpu", "perReplica": 4}}
+    pdd = custom(
+        model={
+            "name": "m",
+            "image": "img:1",
+            "engine": engine_name,
+            "contextLength": 131072,
+            "args": ["--trust-remote-code", "--kv-cache-dtype", "bfloat16"],
+        },
+        prefill={"pools": [pool]},
+    )
+    argv = engine_command(pdd.spec, "prefill", pdd.spec.prefill.pools[0])
+    context, tp = {
+        "VLLM": ("--max-model-len", "--tensor-parallel-size"),
+        "SGLang": ("--context-length", "--tp-size"),
+    }[engine_name]
+    assert flag(argv, context) == "131072"
+    assert flag(argv, tp) == "4"
+    assert argv[-3:] == ["--trust-remote-code", "--kv-cache-dtype", "bfloat16"]
+
+
+@pytest.mark.parametrize(
+    ("engine_name", "connector", "protocol", "env", "mooncake_protocol"),
+    [
+        ("VLLM", "Mooncake", "RDMA", {}, "rdma"),
+        ("VLLM", "Mooncake", "TCP", {"MC_FORCE_TCP": "1"}, "tcp"),
+        ("SGLang", "Mooncake", "RDMA", {}, None),
+        ("SGLang", "Mooncake", "TCP", {"MC_FORCE_TCP": "1"}, None),
+        ("SGLang", "NIXL", "RDMA", {}, None),
+        ("SGLang", "NIXL", "TCP", {"UCX_TLS": "^ib"}, None),
+        ("VLLM", "None", "TCP", {}, None),
+        ("SGLang", "None", "TCP", {}, None),
+    ],
+)
+def test_transport_protocol_reaches_the_engine(
+    engine_name, connector, protocol, env, mooncake_protocol
+):
+    pdd = custom(
+        model={"name": "m", "image": "img:1", "engine": engine_name},
+        kvTransfer={"connector": connector, "protocol": protocol},
+    )
+    assert {var["name"]: var["value"] for var in engine_env(pdd.spec)} == env
+    for deployment in deployments(desired_children(pdd, {})).values():
+        assert {name: var["value"] for name, var in env_of(deployment).items()} == env
+        config = flag(engine(deployment)["command"], "--kv-transfer-config")
+        extra = json.loads(config).get("kv_connector_extra_config", {}) if config else {}
+        assert extra.get("mooncake_protocol") == mooncake_protocol
+
+
+@pytest.mark.parametrize(("protocol", "ucx"), [("RDMA", None), ("TCP", "^ib")])
+def test_vllm_nixl_advertises_the_pod_ip_for_its_handshake(protocol, ucx):
+    pdd = custom(kvTransfer={"connector": "NIXL", "protocol": protocol})
+    for deployment in deployments(desired_children(pdd, {})).values():
+        env = env_of(deployment)
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {
+            "name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+        }
+        assert env.get("UCX_TLS", {}).get("value") == ucx
+
+
+# --- services ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "port"), [(HETERO, 8000), (SPILLOVER, 30000)])
+def test_one_service_per_role_selects_every_pool_of_that_role_only(name, port):
+    pdd = sample(name)
+    children = desired_children(pdd, {})
+    for role in ("prefill", "decode"):
+        service = build_service(pdd, role)
+        assert service == services(children)[f"{pdd.metadata.name}-{role}"]
+        assert service["spec"]["type"] == "ClusterIP"
+        assert "clusterIP" not in service["spec"]
+        assert service["spec"]["ports"] == [
+            {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"},
+            {"name": "metrics", "port": 9090, "targetPort": "http", "protocol": "TCP"},
+        ]
+        selector = service["spec"]["selector"].items()
+        for deployment in deployments(children).values():
+            pod_labels = deployment["spec"]["template"]["metadata"]["labels"].items()
+            assert (selector <= pod_labels) == (
+                deployment["metadata"]["labels"]["pdoperator.io/role"] == role
+            )
+
+
+def test_build_deployment_matches_the_listed_child():
+    pdd = sample(SPILLOVER)
+    pool = pdd.spec.prefill.pools[1]
+    listed = deployments(desired_children(pdd, {("prefill", pool.name): 2}))
+    assert (
+        build_deployment(pdd, "prefill", pool, 2) == listed["glm-spillover-prefill-h200-overflow"]
+    )
+
+
+# --- properties --------------------------------------------------------------------------------
+
+PDD_NAMES = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+POOL_NAMES = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?", fullmatch=True)
+POOL_LISTS = st.lists(POOL_NAMES, min_size=1, max_size=8, unique=True)
+
+
+def pools(names: list[str]) -> dict[str, Any]:
+    return {"pools": [{"name": n, "accelerator": {"resourceName": "x.io/gpu"}} for n in names]}
+
+
+@given(pdd_name=PDD_NAMES, prefill=POOL_LISTS, decode=POOL_LISTS)
+def test_child_names_are_valid_and_unique_for_any_admitted_names(pdd_name, prefill, decode):
+    document = minimal()
+    document["metadata"]["name"] = pdd_name
+    document["spec"].update(prefill=pools(prefill), decode=pools(decode))
+    children = desired_children(with_identity(document), {})
+    names = [child["metadata"]["name"] for child in children]
+    assert len(children) == 2 + len(prefill) + len(decode)
+    assert all(len(name) <= 63 and DNS_LABEL.match(name) for name in names), names
+    assert len(set(names)) == len(names)
+    assert all(DNS_1035_LABEL.match(name) for name in services(children))
+    for child in children:
+        assert all(len(value) <= 63 for value in child["metadata"]["labels"].values())
