@@ -1,0 +1,126 @@
+"""An in-memory view of the cluster, fed by kopf's watch streams (list + watch, no GETs).
+
+Reconciles read from here instead of asking the apiserver per object. Updates arrive on the
+event loop; reconciles read from worker threads, so every access takes the lock.
+"""
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pd_operator.core.children import LABEL_DEPLOYMENT
+from pd_operator.core.observe import NodeSummary, PodSummary, summarize_node, summarize_pod
+from pd_operator.core.reconcile import ChildKey
+
+ObjectKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one reconcile of one PDDeployment reads."""
+
+    pdd: Mapping[str, Any]
+    children: dict[ChildKey, Mapping[str, Any]]
+    pods: list[PodSummary]
+    nodes: list[NodeSummary]
+
+
+def _owner_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "PDDeployment":
+            return str(ref.get("uid"))
+    return None
+
+
+def owner_key(obj: Mapping[str, Any]) -> ObjectKey | None:
+    """The PDDeployment an object belongs to, by our label."""
+    meta = obj["metadata"]
+    owner = (meta.get("labels") or {}).get(LABEL_DEPLOYMENT)
+    return (meta.get("namespace", ""), owner) if owner else None
+
+
+class ClusterCache:
+    """PDDeployments, their children and pods, and nodes, as last seen on the watches."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pdds: dict[ObjectKey, Mapping[str, Any]] = {}
+        self._children: dict[ObjectKey, dict[ChildKey, Mapping[str, Any]]] = {}
+        self._pods: dict[ObjectKey, dict[str, PodSummary]] = {}
+        self._nodes: dict[str, NodeSummary] = {}
+
+    def pdd_keys(self) -> list[ObjectKey]:
+        """Every PDDeployment currently known."""
+        with self._lock:
+            return list(self._pdds)
+
+    def put_pdd(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey:
+        """Record (or forget) a PDDeployment."""
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        with self._lock:
+            if deleted:
+                self._pdds.pop(key, None)
+            else:
+                self._pdds[key] = obj
+        return key
+
+    def put_child(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
+        """Record (or forget) a Deployment, Service or ConfigMap of ours."""
+        owner = owner_key(obj)
+        if owner is None:
+            return None
+        key = (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        with self._lock:
+            children = self._children.setdefault(owner, {})
+            if deleted:
+                children.pop(key, None)
+            else:
+                children[key] = obj
+        return owner
+
+    def put_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
+        """Record (or forget) a pool pod."""
+        owner = owner_key(obj)
+        if owner is None:
+            return None
+        with self._lock:
+            pods = self._pods.setdefault(owner, {})
+            if deleted:
+                pods.pop(obj["metadata"]["name"], None)
+            else:
+                pods[obj["metadata"]["name"]] = summarize_pod(obj)
+        return owner
+
+    def put_node(self, obj: Mapping[str, Any], deleted: bool = False) -> bool:
+        """Record (or forget) a node; True when what placement reads changed (not heartbeats)."""
+        name = obj["metadata"]["name"]
+        with self._lock:
+            before = self._nodes.pop(name, None)
+            if not deleted:
+                self._nodes[name] = summarize_node(obj)
+            return before != self._nodes.get(name)
+
+    def nodes(self) -> list[NodeSummary]:
+        """Every node currently known."""
+        with self._lock:
+            return list(self._nodes.values())
+
+    def snapshot(self, key: ObjectKey) -> Snapshot | None:
+        """The PDDeployment and what it owns (by controller uid), or None when it is gone."""
+        with self._lock:
+            pdd = self._pdds.get(key)
+            if pdd is None:
+                return None
+            uid = pdd["metadata"].get("uid")
+            children = {
+                child_key: child
+                for child_key, child in self._children.get(key, {}).items()
+                if _owner_uid(child) == uid
+            }
+            return Snapshot(
+                pdd=pdd,
+                children=children,
+                pods=list(self._pods.get(key, {}).values()),
+                nodes=list(self._nodes.values()),
+            )

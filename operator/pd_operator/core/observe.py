@@ -1,0 +1,90 @@
+"""Summaries of observed pods and nodes: the few facts reconcile and capacity need."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pd_operator.core.children import LABEL_POOL, LABEL_ROLE
+
+IMAGE_PROBLEMS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+
+
+@dataclass(frozen=True)
+class PodSummary:
+    """One pool pod as the reconciler sees it."""
+
+    name: str
+    role: str
+    pool: str
+    ready: bool
+    unschedulable: bool
+    node_name: str = ""
+    image_problem: str = ""  # the kubelet's waiting reason and message, when the image fails
+    terminating: bool = False
+    requests: Mapping[str, str] = field(default_factory=dict)
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in obj.get("status", {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition  # type: ignore[no-any-return]
+    return None
+
+
+def summarize_pod(pod: Mapping[str, Any]) -> PodSummary:
+    """Reduce a pod object to what reconcile and capacity need."""
+    meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+    labels = meta.get("labels") or {}
+    scheduled = _condition(pod, "PodScheduled")
+    ready = _condition(pod, "Ready")
+    image_problem = ""
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PROBLEMS:
+            image_problem = f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")
+    requests: dict[str, str] = {}
+    for container in spec.get("containers") or []:
+        requests.update((container.get("resources") or {}).get("requests") or {})
+    return PodSummary(
+        name=meta["name"],
+        role=labels.get(LABEL_ROLE, ""),
+        pool=labels.get(LABEL_POOL, ""),
+        ready=bool(ready and ready.get("status") == "True"),
+        unschedulable=bool(
+            scheduled
+            and scheduled.get("status") == "False"
+            and scheduled.get("reason") == "Unschedulable"
+        ),
+        node_name=spec.get("nodeName") or "",
+        image_problem=image_problem,
+        terminating=bool(meta.get("deletionTimestamp")),
+        requests=requests,
+    )
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """A node's labels, taints, allocatable resources and readiness."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, str], ...]
+    allocatable: Mapping[str, str]
+    ready: bool
+    unschedulable: bool = False
+
+
+def summarize_node(node: Mapping[str, Any]) -> NodeSummary:
+    """Reduce a node object to what placement and capacity need."""
+    ready = _condition(node, "Ready")
+    spec = node.get("spec") or {}
+    return NodeSummary(
+        name=node["metadata"]["name"],
+        labels=dict(node["metadata"].get("labels") or {}),
+        taints=tuple(dict(t) for t in spec.get("taints") or []),
+        allocatable=dict((node.get("status") or {}).get("allocatable") or {}),
+        ready=bool(ready and ready.get("status") == "True"),
+        unschedulable=bool(spec.get("unschedulable")),
+    )

@@ -1,0 +1,44 @@
+"""Does a pod of a pool fit a node: node selector, taints and tolerations, resources."""
+
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+
+from pd_operator.api.spec import PoolSpec, Toleration
+from pd_operator.core.observe import NodeSummary
+from pd_operator.core.quantity import parse_quantity
+
+# Taint effects that keep a pod off a node unless it tolerates them.
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def tolerates(tolerations: Iterable[Toleration], taint: Mapping[str, str]) -> bool:
+    """The core/v1 toleration matching rules for one taint."""
+    for toleration in tolerations:
+        if toleration.effect and toleration.effect != taint.get("effect"):
+            continue
+        if toleration.key is None and toleration.operator == "Exists":
+            return True
+        if toleration.key != taint.get("key"):
+            continue
+        if toleration.operator == "Exists" or (toleration.value or "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def node_admits(pool: PoolSpec, node: NodeSummary) -> bool:
+    """Node labels match the pool's selector and every blocking taint is tolerated."""
+    selector = pool.accelerator.node_selector
+    if any(node.labels.get(key) != value for key, value in selector.items()):
+        return False
+    tolerations = pool.accelerator.tolerations
+    return all(
+        tolerates(tolerations, taint)
+        for taint in node.taints
+        if taint.get("effect") in BLOCKING_EFFECTS
+    )
+
+
+def allocatable(node: NodeSummary, resource: str) -> Decimal:
+    """A node's allocatable amount of a resource (0 when it has none)."""
+    value = node.allocatable.get(resource)
+    return parse_quantity(value) if value is not None else Decimal(0)

@@ -1,0 +1,193 @@
+"""One level-based reconcile, as pure functions: what to apply, what to delete, what status says.
+
+`plan_children` compares the complete desired children with what exists and keeps only the
+writes that change something; `compute_status` turns observed state into status and conditions.
+Neither does I/O; `pd_operator.handlers.reconciler` executes their results.
+"""
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pd_operator.api import PDDeployment, PoolSpec, Role
+from pd_operator.core import reasons
+from pd_operator.core.children import child_key, desired_children
+from pd_operator.core.naming import deployment_name
+from pd_operator.core.observe import NodeSummary
+from pd_operator.core.placement import allocatable, node_admits
+from pd_operator.core.quantity import same_quantity
+
+ANNOTATION_SPEC_HASH = "pdoperator.io/spec-hash"
+# The operator's (or the autoscaler's) replica decision, kept on the child so that it survives
+# restarts and a manual `kubectl scale` can be put back.
+ANNOTATION_DESIRED_REPLICAS = "pdoperator.io/desired-replicas"
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+ChildKey = tuple[str, str, str]  # (apiVersion, kind, name)
+PoolKey = tuple[Role, str]
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a spec that passed the schema cannot work; sets Stalled."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """A Kubernetes Event to post about the PDDeployment."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    """An existing child to delete (uid guards against deleting a newer namesake)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass
+class ChildPlan:
+    """The writes that converge the children, and what the plan learned on the way."""
+
+    apply: list[Manifest] = field(default_factory=list)
+    delete: list[ChildRef] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    replicas: dict[PoolKey, int] = field(default_factory=dict)
+
+
+def all_pools(pdd: PDDeployment) -> list[tuple[Role, PoolSpec]]:
+    """Every pool with its role, prefill first, each role in preference order."""
+    return [(role, pool) for role in ROLES for pool in pdd.spec.pools(role)]
+
+
+def current_replicas(
+    pdd: PDDeployment,
+    children: Mapping[ChildKey, Mapping[str, Any]],
+    decisions: Mapping[PoolKey, int] | None = None,
+) -> dict[PoolKey, int]:
+    """Desired replicas per pool: a fresh decision, else the recorded one, else min; clamped."""
+    result: dict[PoolKey, int] = {}
+    for role, pool in all_pools(pdd):
+        key = (role, pool.name)
+        value: int | None = (decisions or {}).get(key)
+        if value is None:
+            existing = children.get(
+                ("apps/v1", "Deployment", deployment_name(pdd.metadata.name, role, pool.name))
+            )
+            recorded = ((existing or {}).get("metadata", {}).get("annotations") or {}).get(
+                ANNOTATION_DESIRED_REPLICAS
+            )
+            value = int(recorded) if recorded and recorded.isdigit() else pool.replicas.min
+        result[key] = max(pool.replicas.min, min(pool.replicas.max, value))
+    return result
+
+
+def spec_hash(manifest: Mapping[str, Any]) -> str:
+    """A short stable hash of a manifest, recorded on the child to detect spec changes."""
+    encoded = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """Every field we set is present with the same value (server defaults may add more)."""
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            key in actual and is_subset(value, actual[key]) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(desired) == len(actual)
+            and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
+        )
+    return bool(desired == actual or same_quantity(desired, actual))
+
+
+def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
+    """Why no node can ever hold one replica of the pool, or None when one can (or we can't tell).
+
+    Only judged when some node advertises the pool's resource at all: in clusters whose
+    accelerator nodes come and go (cluster autoscaler), an empty view proves nothing.
+    """
+    resource, needed = pool.accelerator.resource_name, pool.accelerator.per_replica
+    if not any(allocatable(node, resource) > 0 for node in nodes):
+        return None
+    admitting = [node for node in nodes if node_admits(pool, node)]
+    largest = max((allocatable(node, resource) for node in admitting), default=0)
+    if largest >= needed:
+        return None
+    selector = ", ".join(f"{k}={v}" for k, v in pool.accelerator.node_selector.items()) or "any"
+    return (
+        f"no node matching nodeSelector {{{selector}}} (and tolerating its taints) offers "
+        f"{needed} {resource} per replica; the largest such node has {largest}"
+    )
+
+
+def _annotate(manifest: Manifest, annotations: Mapping[str, str]) -> Manifest:
+    metadata = {**manifest["metadata"]}
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
+    return {**manifest, "metadata": metadata}
+
+
+def plan_children(
+    pdd: PDDeployment,
+    children: Mapping[ChildKey, Mapping[str, Any]],
+    nodes: Sequence[NodeSummary],
+    decisions: Mapping[PoolKey, int] | None = None,
+) -> ChildPlan:
+    """The applies and deletes that make the children match the spec; nothing when converged."""
+    plan = ChildPlan(replicas=current_replicas(pdd, children, decisions))
+    blocked: set[str] = set()
+    for role, pool in all_pools(pdd):
+        why = unplaceable(pool, nodes)
+        if why:
+            plan.problems.append(Problem(reasons.NO_NODE_FITS, f"{role} pool {pool.name}: {why}"))
+            blocked.add(deployment_name(pdd.metadata.name, role, pool.name))
+    wanted: set[ChildKey] = set()
+    for built in desired_children(pdd, plan.replicas):
+        key = child_key(built)
+        wanted.add(key)
+        if key[1] == "Deployment" and key[2] in blocked:
+            continue  # keep what runs; a new spec that cannot be placed is not rolled out
+        extra = {ANNOTATION_SPEC_HASH: spec_hash(built)}
+        if key[1] == "Deployment":
+            extra[ANNOTATION_DESIRED_REPLICAS] = str(built["spec"]["replicas"])
+        manifest = _annotate(built, extra)
+        actual = children.get(key)
+        if actual is None:
+            plan.apply.append(manifest)
+            continue
+        recorded = (actual["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
+        if recorded == extra[ANNOTATION_SPEC_HASH] and is_subset(manifest, actual):
+            continue
+        plan.apply.append(manifest)
+        if recorded == extra[ANNOTATION_SPEC_HASH]:
+            plan.events.append(
+                EventSpec(
+                    "Normal",
+                    reasons.EVENT_DRIFT_CORRECTED,
+                    f"{key[1]} {key[2]} was changed outside the operator; restored",
+                )
+            )
+    for key, actual in children.items():
+        if key not in wanted:
+            meta = actual["metadata"]
+            plan.delete.append(ChildRef(key[0], key[1], key[2], meta.get("uid", "")))
+            if key[1] == "Deployment":
+                plan.events.append(
+                    EventSpec("Normal", reasons.EVENT_POOL_DELETED, f"deleted Deployment {key[2]}")
+                )
+    return plan

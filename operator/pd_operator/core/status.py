@@ -1,0 +1,207 @@
+"""Status of a PDDeployment from observed children and pods: pools, conditions, events.
+
+Ready, Reconciling and Stalled follow kstatus (what Flux and Argo CD read): exactly one of
+Ready=True, Reconciling=True or Stalled=True describes a settled, progressing or stuck object.
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pd_operator.api import PDDeployment
+from pd_operator.core import reasons
+from pd_operator.core.naming import deployment_name
+from pd_operator.core.observe import PodSummary
+from pd_operator.core.reconcile import (
+    ROLES,
+    ChildKey,
+    EventSpec,
+    PoolKey,
+    Problem,
+    all_pools,
+)
+
+# Status fields that other parts of the operator (the autoscaler) own; carried over unchanged.
+FOREIGN_FIELDS = ("observed", "lastDecision")
+
+
+def _condition(
+    kind: str,
+    *,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int | None,
+    previous: Mapping[str, Mapping[str, Any]],
+    now: str,
+) -> dict[str, Any]:
+    text = "True" if status else "False"
+    before = previous.get(kind)
+    changed = before is None or before.get("status") != text
+    return {
+        "type": kind,
+        "status": text,
+        "observedGeneration": generation,
+        "lastTransitionTime": now if changed else before["lastTransitionTime"],  # type: ignore[index]
+        "reason": reason,
+        "message": message,
+    }
+
+
+def _pool_rolled_out(deployment: Mapping[str, Any] | None, desired: int) -> bool:
+    if deployment is None:
+        return desired == 0
+    status = deployment.get("status") or {}
+    generation = deployment["metadata"].get("generation", 0)
+    return bool(
+        status.get("observedGeneration", 0) >= generation
+        and status.get("updatedReplicas", 0) >= desired
+        and status.get("readyReplicas", 0) >= desired
+        and status.get("replicas", 0) == desired
+    )
+
+
+def compute_status(
+    pdd: PDDeployment,
+    *,
+    children: Mapping[ChildKey, Mapping[str, Any]],
+    pods: Sequence[PodSummary],
+    replicas: Mapping[PoolKey, int],
+    problems: Sequence[Problem],
+    previous: Mapping[str, Any],
+    now: str,
+) -> tuple[dict[str, Any], list[EventSpec]]:
+    """The new status (wire form) and the events its transitions call for."""
+    problems = list(problems)
+    generation = pdd.metadata.generation
+    pools, waiting = [], []
+    ready_sum = dict.fromkeys(ROLES, 0)
+    desired_sum = dict.fromkeys(ROLES, 0)
+    unschedulable_total = 0
+    for role, pool in all_pools(pdd):
+        name = deployment_name(pdd.metadata.name, role, pool.name)
+        deployment = children.get(("apps/v1", "Deployment", name))
+        observed = (deployment or {}).get("status") or {}
+        desired = replicas[(role, pool.name)]
+        pool_pods = [
+            p for p in pods if p.role == role and p.pool == pool.name and not p.terminating
+        ]
+        unschedulable = sum(p.unschedulable for p in pool_pods)
+        image_problems = sorted({p.image_problem for p in pool_pods if p.image_problem})
+        if image_problems:
+            problems.append(
+                Problem(
+                    reasons.IMAGE_UNAVAILABLE,
+                    f"{role} pool {pool.name}: image cannot be pulled ({image_problems[0]})",
+                )
+            )
+        ready = observed.get("readyReplicas", 0)
+        pools.append(
+            {
+                "role": role,
+                "name": pool.name,
+                "replicas": observed.get("replicas", 0),
+                "readyReplicas": ready,
+                "desiredReplicas": desired,
+                "unschedulableReplicas": unschedulable,
+            }
+        )
+        ready_sum[role] += ready
+        desired_sum[role] += desired
+        unschedulable_total += unschedulable
+        if not _pool_rolled_out(deployment, desired):
+            note = f" ({unschedulable} unschedulable)" if unschedulable else ""
+            waiting.append(f"{role}/{pool.name} {ready}/{desired} ready{note}")
+
+    before = {c["type"]: c for c in previous.get("conditions") or []}
+    stalled = bool(problems)
+    ready = not stalled and not waiting
+    stall_message = "; ".join(p.message for p in problems)
+    wait_message = "waiting for " + ", ".join(waiting) if waiting else "all pools ready"
+
+    def condition(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+        return _condition(
+            kind,
+            status=status,
+            reason=reason,
+            message=message,
+            generation=generation,
+            previous=before,
+            now=now,
+        )
+
+    if ready:
+        ready_reason = reasons.ALL_POOLS_READY
+    else:
+        ready_reason = problems[0].reason if stalled else reasons.PODS_NOT_READY
+    conditions = [
+        condition(reasons.READY, ready, ready_reason, stall_message if stalled else wait_message),
+        condition(
+            reasons.RECONCILING,
+            not ready and not stalled,
+            reasons.PODS_NOT_READY if waiting else reasons.AS_EXPECTED,
+            wait_message if waiting else "",
+        ),
+        condition(
+            reasons.STALLED,
+            stalled,
+            problems[0].reason if stalled else reasons.AS_EXPECTED,
+            stall_message,
+        ),
+        condition(
+            reasons.PODS_SCHEDULABLE,
+            unschedulable_total == 0,
+            reasons.UNSCHEDULABLE if unschedulable_total else reasons.ALL_SCHEDULED,
+            f"{unschedulable_total} pod(s) cannot be scheduled" if unschedulable_total else "",
+        ),
+    ]
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": conditions,
+        "pools": pools,
+        "replicaSummary": {role: f"{ready_sum[role]}/{desired_sum[role]}" for role in ROLES},
+    }
+    status.update({k: previous[k] for k in FOREIGN_FIELDS if k in previous})
+
+    return status, _stall_events(before, stalled, stall_message)
+
+
+def _stall_events(
+    before: Mapping[str, Mapping[str, Any]], stalled: bool, message: str
+) -> list[EventSpec]:
+    """A Warning when the object stalls (or stalls for a new reason); Normal on recovery."""
+    was_stalled = before.get(reasons.STALLED, {}).get("status") == "True"
+    if stalled and (not was_stalled or before[reasons.STALLED].get("message") != message):
+        return [EventSpec("Warning", reasons.EVENT_STALLED, message)]
+    if was_stalled and not stalled:
+        return [EventSpec("Normal", reasons.EVENT_RECOVERED, "the spec can be served again")]
+    return []
+
+
+def invalid_spec_status(
+    generation: int | None, problems: Sequence[str], previous: Mapping[str, Any], now: str
+) -> tuple[dict[str, Any], list[EventSpec]]:
+    """Status for a stored object the models reject (e.g. a CRD older than the operator).
+
+    Pools and the autoscaler's fields stay as they were: nothing that runs is touched.
+    """
+    before = {c["type"]: c for c in previous.get("conditions") or []}
+    message = "invalid spec: " + "; ".join(problems)
+    replaced = {
+        kind: _condition(
+            kind,
+            status=kind == reasons.STALLED,
+            reason=reasons.INVALID_SPEC,
+            message=message,
+            generation=generation,
+            previous=before,
+            now=now,
+        )
+        for kind in (reasons.READY, reasons.RECONCILING, reasons.STALLED)
+    }
+    others = [c for c in previous.get("conditions") or [] if c["type"] not in replaced]
+    status = {
+        **previous,
+        "observedGeneration": generation,
+        "conditions": [*replaced.values(), *others],
+    }
+    return status, _stall_events(before, True, message)

@@ -1,0 +1,226 @@
+"""kopf registrations: watches feed the cache and the work queue; workers run reconciles.
+
+kopf is used for what it does well (watch streams, login, liveness, peering) with raw
+`on.event` handlers only: no handler progress or diff-base is stored on the user's objects and
+no finalizer is added, because no delete step needs one (owner references clean up).
+Create, update, resume (the startup list) and the periodic resync all enqueue the same key,
+and one reconcile path serves them all.
+"""
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client
+
+from pd_operator.adapters import metrics
+from pd_operator.adapters.cache import ClusterCache, ObjectKey
+from pd_operator.adapters.kube import KubeWriter
+from pd_operator.api import GROUP, PLURAL, VERSION
+from pd_operator.core.children import MANAGED_BY
+from pd_operator.handlers.reconciler import DecisionSource, Reconciler
+from pd_operator.handlers.workqueue import WorkQueue
+
+logger = logging.getLogger(__name__)
+
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+MAX_BACKOFF_SECONDS = 60.0
+
+
+@dataclass
+class OperatorConfig:
+    """What `python -m pd_operator` (and the tests) choose."""
+
+    namespaces: list[str] = field(default_factory=list)  # empty: cluster-wide
+    workers: int = 4
+    resync_seconds: float = 300.0
+    metrics_port: int = 0  # 0: no metrics server
+    peering_name: str | None = None  # None: standalone (one replica, no peering objects)
+
+
+class OperatorState:
+    """The cache, queue and workers of one running operator."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        config: OperatorConfig,
+        decisions: DecisionSource | None = None,
+    ) -> None:
+        self.api_client = api_client
+        self.config = config
+        self.cache = ClusterCache()
+        self.queue = WorkQueue()
+        self.writer = KubeWriter(api_client)
+        self.reconciler = Reconciler(self.cache, self.writer, decisions=decisions)
+        self.tasks: list[asyncio.Task[None]] = []
+        self._failures: dict[ObjectKey, int] = {}
+
+    def prime(self) -> None:
+        """List children, pods and nodes once before any reconcile, so that a restarted
+        operator sees what exists and writes nothing for converged objects."""
+        apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
+        selector = MANAGED_SELECTOR
+        for item in apps.list_deployment_for_all_namespaces(label_selector=selector).items:
+            self.cache.put_child(self._plain(item, "apps/v1", "Deployment"))
+        for item in core.list_service_for_all_namespaces(label_selector=selector).items:
+            self.cache.put_child(self._plain(item, "v1", "Service"))
+        for pod in core.list_pod_for_all_namespaces(label_selector=selector).items:
+            self.cache.put_pod(self._plain(pod, "v1", "Pod"))
+        for node in core.list_node().items:
+            self.cache.put_node(self._plain(node, "v1", "Node"))
+
+    def _plain(self, model: Any, api_version: str, kind: str) -> dict[str, Any]:
+        # Items of a list carry no apiVersion/kind; the watch events do, and the cache keys on them.
+        plain: dict[str, Any] = self.api_client.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+        return {**plain, "apiVersion": api_version, "kind": kind}
+
+    async def worker(self) -> None:
+        """Reconcile keys until cancelled; failures retry with exponential backoff."""
+        while True:
+            key = await self.queue.get()
+            try:
+                await asyncio.to_thread(self.reconciler.reconcile, key)
+                self._failures.pop(key, None)
+            except Exception:
+                count = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2**count)
+                logger.exception("reconcile of %s failed; retrying in %.1fs", key, delay)
+                self.queue.add_after(key, delay)
+            finally:
+                self.queue.done(key)
+
+    async def resync(self) -> None:
+        """Enqueue every PDDeployment periodically: level-based repair of anything missed."""
+        while True:
+            await asyncio.sleep(self.config.resync_seconds)
+            for key in self.cache.pdd_keys():
+                self.queue.add(key)
+
+    def start(self) -> None:
+        """Start workers and the resync loop on the running event loop."""
+        for _ in range(self.config.workers):
+            self.tasks.append(asyncio.create_task(self.worker()))
+        self.tasks.append(asyncio.create_task(self.resync()))
+
+    async def stop(self) -> None:
+        """Cancel the workers and wait for them."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
+
+
+def _event_parts(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    return event["object"], event.get("type") == "DELETED"
+
+
+def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
+    """A kopf registry whose handlers feed `state`."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = f"{GROUP}/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.peering.standalone = state.config.peering_name is None
+        if state.config.peering_name:
+            settings.peering.name = state.config.peering_name
+            settings.peering.mandatory = True
+        for resource in (("apps", "deployments"), ("", "services"), ("", "pods")):
+            settings.watching.label_selectors[resource] = MANAGED_SELECTOR
+        await asyncio.to_thread(state.prime)
+        state.start()
+
+    @kopf.on.cleanup(registry=registry)
+    async def shutdown(**_: Any) -> None:
+        await state.stop()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(state.api_client)
+
+    @kopf.on.probe(id="queued", registry=registry)
+    def queued(**_: Any) -> int:
+        return 0 if state.queue.idle() else 1
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def pddeployment_event(event: Mapping[str, Any], **_: Any) -> None:
+        obj, deleted = _event_parts(event)
+        key = state.cache.put_pdd(obj, deleted)
+        metrics.MANAGED.set(len(state.cache.pdd_keys()))
+        if not deleted:
+            state.queue.add(key)
+
+    def child_event(event: Mapping[str, Any], **_: Any) -> None:
+        obj, deleted = _event_parts(event)
+        owner = state.cache.put_child(obj, deleted)
+        if owner:
+            state.queue.add(owner)
+
+    for group, plural in (("apps", "deployments"), ("", "services")):
+        kopf.on.event(group, "v1", plural, registry=registry, labels={
+            "app.kubernetes.io/managed-by": MANAGED_BY
+        })(child_event)  # fmt: skip
+
+    @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
+                   registry=registry)  # fmt: skip
+    def pod_event(event: Mapping[str, Any], **_: Any) -> None:
+        obj, deleted = _event_parts(event)
+        owner = state.cache.put_pod(obj, deleted)
+        if owner:
+            state.queue.add(owner)
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(event: Mapping[str, Any], **_: Any) -> None:
+        obj, deleted = _event_parts(event)
+        if state.cache.put_node(obj, deleted):
+            for key in state.cache.pdd_keys():
+                state.queue.add(key)
+
+    return registry
+
+
+def connection_info(api_client: client.ApiClient) -> kopf.ConnectionInfo:
+    """kopf credentials from the same configuration the writer uses."""
+    config = api_client.configuration
+    token = (config.api_key or {}).get("authorization") or (config.api_key or {}).get("BearerToken")
+    scheme, _, value = (token or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        scheme=scheme or None,
+        token=value or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
+
+
+async def run_operator(
+    state: OperatorState,
+    *,
+    stop_flag: asyncio.Event | Any = None,
+    ready_flag: asyncio.Event | Any = None,
+    liveness_endpoint: str | None = None,
+) -> None:
+    """Run until `stop_flag` is set (or forever)."""
+    registry = build_registry(state)
+    namespaces = state.config.namespaces
+    await kopf.operator(
+        registry=registry,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        standalone=state.config.peering_name is None,
+        peering_name=state.config.peering_name,
+        liveness_endpoint=liveness_endpoint,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )

@@ -1,0 +1,328 @@
+"""The operator against the real local control plane: children, status, lifecycle, writes."""
+
+import copy
+import json
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+
+from kubetools import (
+    RunningOperator,
+    condition,
+    create_pdd,
+    events,
+    get_pdd,
+    patch_pdd,
+    wait_for,
+    writes,
+)
+from pdcases import ROOT, load_sample
+
+HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+SPILLOVER = load_sample(ROOT / "config" / "samples" / "multipool-spillover.yaml")
+
+
+@pytest.fixture
+def operator(cluster, namespace):
+    """The operator watching only this test's namespace, so that writes are counted per test."""
+    running = RunningOperator(
+        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
+    ).start()
+    yield running
+    running.stop()
+
+
+def deployments(api_client, namespace):
+    items = client.AppsV1Api(api_client).list_namespaced_deployment(namespace).items
+    return {d.metadata.name: d for d in items}
+
+
+def converged(api_client, namespace, name, generation=1):
+    def check():
+        obj = get_pdd(api_client, namespace, name)
+        status = obj.get("status") or {}
+        return (
+            obj if status.get("observedGeneration") == generation and status.get("pools") else None
+        )
+
+    return wait_for(check, what=f"status of {name} at generation {generation}")
+
+
+def quiet(running: RunningOperator, seconds: float = 3.0) -> float:
+    """Wait for the queue to drain, then count writes over `seconds` of resyncs."""
+    wait_for(running.settled, what="the work queue to drain")
+    before = writes()
+    time.sleep(seconds)
+    wait_for(running.settled, what="the work queue to drain")
+    return writes() - before
+
+
+def settle(running: RunningOperator) -> None:
+    """Wait until the operator has written nothing for 2 s (pods appearing change status)."""
+    wait_for(lambda: quiet(running, seconds=2) == 0, timeout=60, what="writes to stop")
+
+
+def test_create_builds_placed_and_owned_children_and_reports_status(
+    operator, api_client, namespace, cluster
+):
+    body = copy.deepcopy(HETERO)
+    body["metadata"]["labels"] = {"team": "inference"}
+    body["metadata"]["annotations"] = {"argocd.argoproj.io/tracking-id": "x"}
+    created = create_pdd(api_client, namespace, body)
+
+    found = wait_for(
+        lambda: len(deployments(api_client, namespace)) == 2 and deployments(api_client, namespace),
+        what="two Deployments",
+    )
+    prefill = found["glm-hetero-prefill-s5000"].to_dict()
+    decode = found["glm-hetero-decode-h200"].to_dict()
+
+    pod = prefill["spec"]["template"]["spec"]
+    assert pod["node_selector"] == {"mthreads.com/gpu.product": "MTT-S5000"}
+    assert pod["tolerations"][0]["key"] == "mthreads.com/gpu"
+    engine = pod["containers"][0]
+    assert engine["image"] == "registry.mthreads.com/mcconline/vllm-musa:v0.11.0"
+    assert engine["resources"]["limits"]["mthreads.com/gpu"] == "8"
+    command = " ".join(engine["command"] + (engine.get("args") or []))
+    assert "vllm serve zai-org/GLM-4.6-FP8" in command and "kv_producer" in command
+    decode_engine = decode["spec"]["template"]["spec"]["containers"][0]
+    assert decode_engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "kv_consumer" in " ".join(decode_engine["command"] + (decode_engine.get("args") or []))
+
+    for child in (prefill, decode):
+        labels = child["metadata"]["labels"]
+        assert labels["pdoperator.io/deployment"] == "glm-hetero"
+        assert "team" not in labels
+        assert "argocd.argoproj.io/tracking-id" not in (child["metadata"]["annotations"] or {})
+        (owner,) = child["metadata"]["owner_references"]
+        assert owner["uid"] == created["metadata"]["uid"] and owner["controller"] is True
+        assert child["spec"]["replicas"] == 1
+
+    services = {
+        s.metadata.name
+        for s in client.CoreV1Api(api_client).list_namespaced_service(namespace).items
+    }
+    assert {"glm-hetero-prefill", "glm-hetero-decode"} <= services
+
+    obj = converged(api_client, namespace, "glm-hetero")
+    assert condition(obj, "Ready")["status"] == "False"  # no nodes: pods stay Pending
+    assert condition(obj, "Reconciling")["status"] == "True"
+    assert condition(obj, "Stalled")["status"] == "False"
+    assert obj["status"]["replicaSummary"] == {"prefill": "0/1", "decode": "0/1"}
+    assert {(p["role"], p["name"], p["desiredReplicas"]) for p in obj["status"]["pools"]} == {
+        ("prefill", "s5000", 1),
+        ("decode", "h200", 1),
+    }
+    table = cluster.kubectl("get", "pdd", "-n", namespace).splitlines()
+    assert table[1].split()[:4] == ["glm-hetero", "False", "0/1", "0/1"]
+
+
+def test_converged_object_costs_zero_writes(operator, api_client, namespace):
+    create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+    converged(api_client, namespace, "glm-hetero")
+    assert quiet(operator, seconds=4) == 0  # several resyncs, nothing written
+
+
+def test_spec_change_rolls_out_and_removed_pool_is_deleted(operator, api_client, namespace):
+    create_pdd(api_client, namespace, copy.deepcopy(SPILLOVER))
+    wait_for(lambda: len(deployments(api_client, namespace)) == 3, what="three Deployments")
+    patch_pdd(
+        api_client,
+        namespace,
+        "glm-spillover",
+        {"spec": {"model": {"image": "lmsysorg/sglang:v0.5.4"}}},
+    )
+    decode = wait_for(
+        lambda: (
+            deployments(api_client, namespace)["glm-spillover-decode-h200"]
+            .spec.template.spec.containers[0]
+            .image
+            == "lmsysorg/sglang:v0.5.4"
+        ),
+        what="the new image on the decode Deployment",
+    )
+    assert decode
+    # The S5000 pool keeps its own image override.
+    s5000 = deployments(api_client, namespace)["glm-spillover-prefill-s5000"]
+    assert s5000.spec.template.spec.containers[0].image.endswith("sglang-musa:v0.5.3")
+
+    spec = get_pdd(api_client, namespace, "glm-spillover")["spec"]
+    spec["prefill"]["pools"] = [p for p in spec["prefill"]["pools"] if p["name"] == "s5000"]
+    patch_pdd(api_client, namespace, "glm-spillover", {"spec": {"prefill": spec["prefill"]}})
+    remaining = wait_for(
+        lambda: (
+            set(deployments(api_client, namespace))
+            == {"glm-spillover-prefill-s5000", "glm-spillover-decode-h200"}
+            and deployments(api_client, namespace)
+        ),
+        what="the removed pool's Deployment to be deleted (and only it)",
+    )
+    assert len(remaining) == 2
+    assert wait_for(
+        lambda: events(api_client, namespace, "PoolDeleted"), what="a PoolDeleted event"
+    )
+
+
+def test_manual_scale_is_put_back_with_an_event(operator, api_client, namespace):
+    create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+    converged(api_client, namespace, "glm-hetero")
+    apps = client.AppsV1Api(api_client)
+    apps.patch_namespaced_deployment_scale(
+        "glm-hetero-decode-h200", namespace, {"spec": {"replicas": 5}}
+    )
+    wait_for(
+        lambda: (
+            apps.read_namespaced_deployment("glm-hetero-decode-h200", namespace).spec.replicas == 1
+        ),
+        what="the operator to restore replicas to 1",
+    )
+    assert wait_for(
+        lambda: events(api_client, namespace, "DriftCorrected"), what="a DriftCorrected event"
+    )
+
+
+def test_deleting_the_pddeployment_removes_every_child(operator, api_client, namespace):
+    create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+    wait_for(lambda: len(deployments(api_client, namespace)) == 2, what="two Deployments")
+    client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+        "pdoperator.io", "v1alpha1", namespace, "pddeployments", "glm-hetero"
+    )
+    core = client.CoreV1Api(api_client)
+    wait_for(
+        lambda: (
+            not deployments(api_client, namespace)
+            and not [s for s in core.list_namespaced_service(namespace).items]
+        ),
+        what="garbage collection of Deployments and Services",
+    )
+
+
+def test_restarted_operator_creates_no_duplicates_and_writes_nothing(
+    cluster, api_client, namespace
+):
+    first = RunningOperator(str(cluster.kubeconfig), namespaces=[namespace], workers=2).start()
+    try:
+        create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+        converged(api_client, namespace, "glm-hetero")
+        settle(first)
+    finally:
+        first.stop()
+    before = writes()
+    second = RunningOperator(
+        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
+    ).start()
+    try:
+        time.sleep(3)
+        wait_for(second.settled, what="the restarted operator to settle")
+        assert writes() - before == 0
+    finally:
+        second.stop()
+    assert sorted(deployments(api_client, namespace)) == [
+        "glm-hetero-decode-h200",
+        "glm-hetero-prefill-s5000",
+    ]
+
+
+@pytest.fixture
+def s5000_node(api_client):
+    """One node advertising 8 S5000 cards (cluster-scoped: a unique name per test)."""
+    core = client.CoreV1Api(api_client)
+    name = f"s5000-{uuid.uuid4().hex[:8]}"
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"mthreads.com/gpu.product": "MTT-S5000"}},
+        "spec": {"taints": [{"key": "mthreads.com/gpu", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"mthreads.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"},
+            "allocatable": {"mthreads.com/gpu": "8", "cpu": "64", "memory": "512Gi", "pods": "110"},
+        },
+    }
+    core.create_node(node)
+    yield name
+    core.delete_node(name)
+
+
+def test_pool_no_node_can_hold_stalls_and_keeps_what_runs(
+    operator, api_client, namespace, s5000_node
+):
+    create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+    converged(api_client, namespace, "glm-hetero")
+    prefill = get_pdd(api_client, namespace, "glm-hetero")["spec"]["prefill"]
+    prefill["pools"][0]["accelerator"]["perReplica"] = 16
+    patch_pdd(api_client, namespace, "glm-hetero", {"spec": {"prefill": prefill}})
+    obj = wait_for(
+        lambda: (
+            condition(get_pdd(api_client, namespace, "glm-hetero"), "Stalled").get("status")
+            == "True"
+            and get_pdd(api_client, namespace, "glm-hetero")
+        ),
+        what="Stalled=True",
+    )
+    stalled = condition(obj, "Stalled")
+    assert stalled["reason"] == "NoNodeFits"
+    assert (
+        "prefill pool s5000" in stalled["message"] and "16 mthreads.com/gpu" in stalled["message"]
+    )
+    assert condition(obj, "Ready")["status"] == "False"
+    assert (
+        wait_for(lambda: events(api_client, namespace, "Stalled"), what="a Stalled event")[0].type
+        == "Warning"
+    )
+    running = deployments(api_client, namespace)["glm-hetero-prefill-s5000"]
+    assert running.spec.template.spec.containers[0].resources.limits["mthreads.com/gpu"] == "8"
+
+
+def test_rejected_child_stalls_with_the_apiserver_message(operator, api_client, namespace):
+    body = copy.deepcopy(HETERO)
+    # Schema-valid (volumes pass through), but no valid Volume: the apiserver rejects the child.
+    body["spec"]["decode"]["pools"][0]["template"] = {
+        "volumes": [{"name": "Bad_Name", "emptyDir": {}}]
+    }
+    create_pdd(api_client, namespace, body)
+    obj = wait_for(
+        lambda: (
+            condition(get_pdd(api_client, namespace, "glm-hetero"), "Stalled").get("status")
+            == "True"
+            and get_pdd(api_client, namespace, "glm-hetero")
+        ),
+        what="Stalled=True",
+    )
+    stalled = condition(obj, "Stalled")
+    assert stalled["reason"] == "ApplyRejected"
+    assert "glm-hetero-decode-h200" in stalled["message"]
+    assert "glm-hetero-prefill-s5000" in deployments(
+        api_client, namespace
+    )  # the rest still applied
+
+
+def test_image_that_cannot_be_pulled_stalls(operator, api_client, namespace):
+    create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+    core = client.CoreV1Api(api_client)
+    pod = wait_for(
+        lambda: [
+            p
+            for p in core.list_namespaced_pod(namespace).items
+            if p.metadata.labels.get("pdoperator.io/role") == "decode"
+        ],
+        what="a decode pod",
+    )[0]
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}
+    container = {"name": "engine", "image": "x", "imageID": "", "ready": False, "restartCount": 0}
+    core.patch_namespaced_pod_status(
+        pod.metadata.name,
+        namespace,
+        {"status": {"containerStatuses": [{**container, "state": waiting}]}},
+    )
+    obj = wait_for(
+        lambda: (
+            condition(get_pdd(api_client, namespace, "glm-hetero"), "Stalled").get("reason")
+            == "ImageUnavailable"
+            and get_pdd(api_client, namespace, "glm-hetero")
+        ),
+        what="Stalled=True with ImageUnavailable",
+    )
+    assert "decode pool h200" in condition(obj, "Stalled")["message"]
+    assert json.dumps(obj["status"]).count("ImagePullBackOff") >= 1
