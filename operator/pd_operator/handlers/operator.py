@@ -64,10 +64,10 @@ class OperatorState:
         operator sees what exists and writes nothing for converged objects."""
         apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
         selector = MANAGED_SELECTOR
-        for item in apps.list_deployment_for_all_namespaces(label_selector=selector).items:
-            self.cache.put_child(self._plain(item, "apps/v1", "Deployment"))
-        for item in core.list_service_for_all_namespaces(label_selector=selector).items:
-            self.cache.put_child(self._plain(item, "v1", "Service"))
+        for deployment in apps.list_deployment_for_all_namespaces(label_selector=selector).items:
+            self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
+        for service in core.list_service_for_all_namespaces(label_selector=selector).items:
+            self.cache.put_child(self._plain(service, "v1", "Service"))
         for pod in core.list_pod_for_all_namespaces(label_selector=selector).items:
             self.cache.put_pod(self._plain(pod, "v1", "Pod"))
         for node in core.list_node().items:
