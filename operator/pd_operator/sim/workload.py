@@ -1,0 +1,393 @@
+"""Requests and load: synthetic generators and readers for public request traces.
+
+Pure and streaming: every function returns an iterator that reads or draws one request at a
+time, in arrival order, and stops at the end of its profile, window or file. Everything random
+is drawn from `random.Random(seed)`, so a seed fixes the output.
+
+Arrivals are a renewal process in *operational time* (the integral of the rate): gaps of mean 1
+and coefficient of variation `cv`, mapped back through the rate profile. `cv=1` gives a Poisson
+process; `cv>1` a Gamma-bursty one with the same mean rate (ServeGen fits CV 1-3 to real
+traffic). Trace formats are described in shared/traces/README.md.
+"""
+
+import csv
+import json
+import math
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import date
+from pathlib import Path
+
+# One Mooncake `hash_ids` entry stands for this many prompt tokens (trace README).
+MOONCAKE_BLOCK_TOKENS = 512
+# Copies made by `rate_scale > 1` get their own prefix-block ids (id + copy * stride), so a copy
+# is a different user and does not hit the original's cache. Trace ids stay far below it.
+COPY_HASH_ID_STRIDE = 1 << 48
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One inference request.
+
+    `hash_ids` are prefix-block ids (equal ids in two requests are reusable KV blocks); when a
+    request has none, `cached_tokens` says how many of its prompt tokens hit the prefix cache.
+    """
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    hash_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.input_tokens < 1 or self.output_tokens < 1:
+            raise ValueError(f"a request has at least one input and one output token: {self}")
+        if not 0 <= self.cached_tokens <= self.input_tokens:
+            raise ValueError(f"cached tokens must lie between 0 and the input length: {self}")
+        if not math.isfinite(self.arrival_s) or self.arrival_s < 0:
+            raise ValueError(f"arrival time must be finite and >= 0: {self}")
+
+
+# --- rate profiles --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RateSegment:
+    """Request rate moving linearly from `start_rps` to `end_rps` over `duration_s`."""
+
+    start_s: float
+    duration_s: float
+    start_rps: float
+    end_rps: float
+
+    def __post_init__(self) -> None:
+        if self.duration_s <= 0 or self.start_rps < 0 or self.end_rps < 0:
+            raise ValueError(f"need a positive duration and rates >= 0: {self}")
+
+    @property
+    def expected_requests(self) -> float:
+        """Integral of the rate over the segment."""
+        return (self.start_rps + self.end_rps) / 2 * self.duration_s
+
+    def time_at(self, requests: float) -> float:
+        """Time at which the integral of the rate from the start reaches `requests`."""
+        slope = (self.end_rps - self.start_rps) / self.duration_s
+        # r0*t + slope*t^2/2 = n, solved in the form that is stable when r0 or slope is 0.
+        root = math.sqrt(max(0.0, self.start_rps**2 + 2 * slope * requests))
+        denominator = self.start_rps + root
+        offset = 2 * requests / denominator if denominator > 0 else 0.0
+        return self.start_s + min(offset, self.duration_s)
+
+
+@dataclass(frozen=True)
+class RateProfile:
+    """A request rate over time: consecutive linear segments starting at 0 s."""
+
+    segments: tuple[RateSegment, ...]
+
+    def __post_init__(self) -> None:
+        if not self.segments:
+            raise ValueError("a rate profile needs at least one segment")
+        end = 0.0
+        for segment in self.segments:
+            if not math.isclose(segment.start_s, end, abs_tol=1e-9):
+                raise ValueError(f"segments must be consecutive from 0 s, got {segment}")
+            end = segment.start_s + segment.duration_s
+
+    @property
+    def duration_s(self) -> float:
+        last = self.segments[-1]
+        return last.start_s + last.duration_s
+
+    @property
+    def mean_rps(self) -> float:
+        return sum(s.expected_requests for s in self.segments) / self.duration_s
+
+    def scaled(self, factor: float) -> "RateProfile":
+        """The same shape with every rate multiplied by `factor`."""
+        if factor < 0:
+            raise ValueError("the rate factor must not be negative")
+        return RateProfile(
+            tuple(
+                replace(s, start_rps=s.start_rps * factor, end_rps=s.end_rps * factor)
+                for s in self.segments
+            )
+        )
+
+
+def constant_rate(rate_rps: float, duration_s: float) -> RateProfile:
+    """A constant rate."""
+    return RateProfile((RateSegment(0.0, duration_s, rate_rps, rate_rps),))
+
+
+def step_rate(rates_rps: Sequence[float], step_s: float) -> RateProfile:
+    """A staircase: each rate in turn for `step_s` seconds."""
+    return RateProfile(
+        tuple(RateSegment(i * step_s, step_s, rate, rate) for i, rate in enumerate(rates_rps))
+    )
+
+
+def ramp_rate(start_rps: float, end_rps: float, duration_s: float) -> RateProfile:
+    """A rate moving linearly from `start_rps` to `end_rps`."""
+    return RateProfile((RateSegment(0.0, duration_s, start_rps, end_rps),))
+
+
+# --- lengths --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenLengths:
+    """Gamma-distributed prompt and output lengths with given means and CVs (0: constant).
+
+    `cached_fraction` of each prompt is marked as a prefix-cache hit.
+    """
+
+    input_mean: float
+    output_mean: float
+    input_cv: float = 0.0
+    output_cv: float = 0.0
+    cached_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.input_mean < 1 or self.output_mean < 1:
+            raise ValueError(f"mean lengths must be at least one token: {self}")
+        if self.input_cv < 0 or self.output_cv < 0:
+            raise ValueError(f"CVs must not be negative: {self}")
+        if not 0 <= self.cached_fraction <= 1:
+            raise ValueError(f"cached fraction must lie in [0, 1]: {self}")
+
+    def sample(self, rng: random.Random) -> tuple[int, int, int]:
+        """(input, output, cached) tokens of one request."""
+        input_tokens = _gamma_tokens(rng, self.input_mean, self.input_cv)
+        output_tokens = _gamma_tokens(rng, self.output_mean, self.output_cv)
+        return input_tokens, output_tokens, math.floor(self.cached_fraction * input_tokens)
+
+
+def _gamma_tokens(rng: random.Random, mean: float, cv: float) -> int:
+    if cv == 0:
+        return max(1, round(mean))
+    shape = 1 / cv**2
+    return max(1, round(rng.gammavariate(shape, mean / shape)))
+
+
+# --- arrivals -------------------------------------------------------------------------------
+
+
+def _renewal_arrivals(
+    segments: Iterable[tuple[RateSegment, TokenLengths]], cv: float, rng: random.Random
+) -> Iterator[Request]:
+    """Gamma renewal arrivals (mean gap 1, CV `cv`) in operational time, mapped to real time."""
+    if cv <= 0:
+        raise ValueError(f"the arrival CV must be positive, got {cv}")
+    shape = 1 / cv**2
+    scale = cv**2
+    # Operational time from the current segment's start to the next arrival: the renewal
+    # process runs on across segments, so a rate change does not restart it.
+    ahead = rng.gammavariate(shape, scale)
+    for segment, lengths in segments:
+        area = segment.expected_requests
+        while ahead < area:
+            input_tokens, output_tokens, cached = lengths.sample(rng)
+            yield Request(segment.time_at(ahead), input_tokens, output_tokens, cached)
+            ahead += rng.gammavariate(shape, scale)
+        ahead -= area
+
+
+def synthetic_requests(
+    profile: RateProfile, lengths: TokenLengths, *, arrival_cv: float = 1.0, seed: int = 0
+) -> Iterator[Request]:
+    """Requests arriving at `profile`'s rate: Poisson for `arrival_cv=1`, Gamma-bursty above."""
+    rng = random.Random(seed)
+    return _renewal_arrivals(((s, lengths) for s in profile.segments), arrival_cv, rng)
+
+
+# --- trace replay ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """Which part of a trace to replay, and how.
+
+    `start_s` and `duration_s` select a window in trace time (None: to the end); arrivals are
+    relative to its start. `rate_scale` keeps the time axis and changes the number of requests
+    (below 1 keeps each with that probability; above 1 adds copies spread before the next
+    request). `time_compression` replays the same requests that many times faster.
+    """
+
+    start_s: float = 0.0
+    duration_s: float | None = None
+    rate_scale: float = 1.0
+    time_compression: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.start_s < 0 or (self.duration_s is not None and self.duration_s <= 0):
+            raise ValueError(f"need start >= 0 and a positive duration: {self}")
+        if self.rate_scale < 0 or self.time_compression <= 0:
+            raise ValueError(f"need rate_scale >= 0 and time_compression > 0: {self}")
+
+    @property
+    def end_s(self) -> float:
+        return math.inf if self.duration_s is None else self.start_s + self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    trace_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...] = ()
+
+
+def _replay(rows: Iterable[_Row], options: ReplayOptions) -> Iterator[Request]:
+    rng = random.Random(options.seed)
+    whole, fraction = divmod(options.rate_scale, 1.0)
+    copies_base = int(whole)
+
+    def emit(row: _Row, next_trace_s: float) -> Iterator[Request]:
+        copies = copies_base + (1 if fraction and rng.random() < fraction else 0)
+        if copies == 0:
+            return
+        # Extra copies land uniformly before the next original, which keeps the output sorted.
+        extra = sorted(rng.uniform(row.trace_s, next_trace_s) for _ in range(copies - 1))
+        times = [row.trace_s, *extra]
+        for copy, trace_s in enumerate(times):
+            ids = row.hash_ids
+            if copy and ids:
+                ids = tuple(h + copy * COPY_HASH_ID_STRIDE for h in ids)
+            yield Request(
+                (trace_s - options.start_s) / options.time_compression,
+                row.input_tokens,
+                row.output_tokens,
+                hash_ids=ids,
+            )
+
+    previous: _Row | None = None
+    last_s = -math.inf
+    for row in rows:
+        if row.trace_s < last_s:
+            raise ValueError(f"trace is not sorted by time at {row.trace_s} s")
+        last_s = row.trace_s
+        if row.trace_s < options.start_s:
+            continue
+        if row.trace_s >= options.end_s:
+            break
+        if previous is not None:
+            yield from emit(previous, row.trace_s)
+        previous = row
+    if previous is not None:
+        yield from emit(previous, previous.trace_s)
+
+
+def _mooncake_rows(path: Path) -> Iterator[_Row]:
+    with path.open() as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            yield _Row(
+                record["timestamp"] / 1000.0,
+                max(1, int(record["input_length"])),
+                max(1, int(record["output_length"])),
+                tuple(record.get("hash_ids", ())),
+            )
+
+
+def read_mooncake(path: str | Path, options: ReplayOptions = ReplayOptions()) -> Iterator[Request]:
+    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
+    return _replay(_mooncake_rows(Path(path)), options)
+
+
+def _wall_clock_s(text: str) -> tuple[int, float]:
+    """(day ordinal, seconds into the day) of 'YYYY-MM-DD HH:MM:SS.fffffff' (any digits)."""
+    day, clock = text.strip().split(" ")
+    hours, minutes, seconds = clock.split(":")
+    into_day_s = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    return date.fromisoformat(day).toordinal(), into_day_s
+
+
+def _azure_rows(path: Path) -> Iterator[_Row]:
+    with path.open(newline="") as handle:
+        first: tuple[int, float] | None = None
+        for record in csv.DictReader(handle):
+            day, seconds = _wall_clock_s(record["TIMESTAMP"])
+            if first is None:
+                first = (day, seconds)
+            # Relative to the first row; subtracting days first keeps sub-microsecond precision.
+            trace_s = (day - first[0]) * 86400 + (seconds - first[1])
+            yield _Row(
+                trace_s,
+                max(1, int(record["ContextTokens"])),
+                max(1, int(record["GeneratedTokens"])),
+            )
+
+
+def read_azure(path: str | Path, options: ReplayOptions = ReplayOptions()) -> Iterator[Request]:
+    """Azure LLM inference CSV: `TIMESTAMP` (wall clock), `ContextTokens`, `GeneratedTokens`."""
+    return _replay(_azure_rows(Path(path)), options)
+
+
+def _float_or_nan(text: str | None) -> float:
+    try:
+        return float(text) if text else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _servegen_windows(path: Path) -> Iterator[tuple[float, float, float, float, float]]:
+    """(start, length, rate, mean input, mean output) per window; the last repeats the length."""
+    with path.open(newline="") as handle:
+        previous: tuple[float, float, float, float] | None = None
+        length = 600.0
+        for record in csv.DictReader(handle):
+            row = (
+                _float_or_nan(record["window_start_s"]),
+                _float_or_nan(record["total_rate_rps"]),
+                _float_or_nan(record["mean_input_tokens"]),
+                _float_or_nan(record["mean_output_tokens"]),
+            )
+            if previous is not None:
+                length = row[0] - previous[0]
+                if not length > 0:
+                    raise ValueError(f"windows are not sorted by time at {row[0]} s")
+                yield previous[0], length, previous[1], previous[2], previous[3]
+            previous = row
+        if previous is not None:
+            yield previous[0], length, previous[1], previous[2], previous[3]
+
+
+def _servegen_segments(
+    path: Path, options: ReplayOptions, length_cv: float
+) -> Iterator[tuple[RateSegment, TokenLengths]]:
+    replay_s = 0.0
+    for start, length, rate, mean_in, mean_out in _servegen_windows(path):
+        begin, end = max(start, options.start_s), min(start + length, options.end_s)
+        if start >= options.end_s:
+            return
+        # A window with no rate or no lengths is a collection gap: skipped, so the replay
+        # neither invents a load nor shows an idle period that never happened.
+        if end <= begin or not rate > 0 or not (mean_in >= 1 and mean_out >= 1):
+            continue
+        duration = (end - begin) / options.time_compression
+        scaled_rps = rate * options.rate_scale * options.time_compression
+        lengths = TokenLengths(mean_in, mean_out, length_cv, length_cv)
+        yield RateSegment(replay_s, duration, scaled_rps, scaled_rps), lengths
+        replay_s += duration
+
+
+def read_servegen(
+    path: str | Path,
+    options: ReplayOptions = ReplayOptions(),
+    *,
+    arrival_cv: float = 2.0,
+    length_cv: float = 1.0,
+) -> Iterator[Request]:
+    """ServeGen aggregate CSV: per-window rate and mean lengths turned into Gamma arrivals.
+
+    Windows with rate 0 or no lengths are skipped (the replay closes the gap). Lengths are
+    Gamma around each window's means with CV `length_cv`; ServeGen's rates are large and of
+    uncertain scale, so set `options.rate_scale` for the target cluster.
+    """
+    rng = random.Random(options.seed)
+    return _renewal_arrivals(_servegen_segments(Path(path), options, length_cv), arrival_cv, rng)
