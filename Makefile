@@ -57,12 +57,14 @@ test: install ## Everything: installs dependencies and the test environment, the
 	PD_TESTBIN="$$(bash hack/testenv.sh | tail -n 1)" $(BIN)/pytest tests $(PYTEST_ARGS)
 
 .PHONY: manifests
-manifests: install ## Regenerate the CRD in crds/ from the pydantic models
+manifests: install ## Regenerate the CRD in crds/ and docs/api.md from the pydantic models
 	$(BIN)/python -m pd_operator.api.crd crds
+	$(BIN)/python -m pd_operator.api.reference docs/api.md
 
 .PHONY: verify
 verify: install lint ## Fail if generated files are stale, then lint
 	$(BIN)/python -m pd_operator.api.crd --check crds
+	$(BIN)/python -m pd_operator.api.reference --check docs/api.md
 
 .PHONY: clean
 clean: ## Remove the virtual environment and caches (not the test binaries cache)

@@ -8,6 +8,7 @@ import pytest
 
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.api.crd import render_crd
+from pd_operator.api.reference import render_reference
 from pdcases import CRD_PATH, INVALID, SAMPLES, load_sample, minimal
 from schema_tools import apply_defaults, crd_schema, normalise, strict
 
@@ -98,8 +99,10 @@ def test_snake_case_keys_are_rejected_on_the_wire():
         parse_pddeployment(document)
 
 
-def test_committed_crd_is_generated_from_the_models():
+def test_committed_crd_and_reference_are_generated_from_the_models():
     assert CRD_PATH.read_text() == render_crd(), "run `make manifests`"
+    reference = CRD_PATH.parent.parent / "docs" / "api.md"
+    assert reference.read_text() == render_reference(), "run `make manifests`"
 
 
 def test_every_string_and_list_in_the_spec_is_bounded():

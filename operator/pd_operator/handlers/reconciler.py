@@ -107,12 +107,15 @@ class Reconciler:
         )
         problems = list(plan.problems)
         children = dict(snapshot.children)
+        transient: ApiException | None = None
         for manifest in plan.apply:
             try:
                 applied = self.writer.apply(manifest)
             except ApiException as error:
                 if error.status not in REJECTED_STATUSES or _namespace_terminating(error):
-                    raise
+                    # One child failing for now must not hold back the others; retry after.
+                    transient = transient or error
+                    continue
                 name = f"{manifest['kind']} {manifest['metadata']['name']}"
                 problems.append(
                     Problem(reasons.APPLY_REJECTED, f"{name} rejected: {_api_message(error)}")
@@ -138,6 +141,8 @@ class Reconciler:
             now=self.clock(),
         )
         self._report(body, previous, status, plan.events + events)
+        if transient is not None:
+            raise transient
 
     def _report(
         self,

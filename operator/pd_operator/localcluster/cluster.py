@@ -25,8 +25,9 @@ from pd_operator.localcluster.processes import (
     http_ok,
 )
 
-# Documentation ranges (RFC 5737): allocated to Services, never dialled by anything here.
-SERVICE_CIDR = "198.51.100.0/24"
+# The benchmarking range (RFC 2544): allocated to Services, never routed or dialled by anything
+# here; a /16 so that benchmarks with hundreds of PDDeployments (two Services each) fit.
+SERVICE_CIDR = "198.18.0.0/16"
 CONTROLLERS = [
     "garbage-collector-controller",
     "deployment-controller",

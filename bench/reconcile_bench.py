@@ -1,0 +1,206 @@
+"""Benchmark: create N PDDeployments at once and measure how the operator converges them.
+
+Starts its own local control plane, runs the operator as a separate process (`python -m
+pd_operator`), creates N copies of the heterogeneous sample, and prints a table: time until each
+object is converged (children applied and status written), the operator's CPU seconds and peak
+memory, API writes per object on creation, and writes during a quiet period afterwards.
+
+    python bench/reconcile_bench.py --objects 200
+"""
+
+import argparse
+import concurrent.futures
+import copy
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from pd_operator.localcluster import LocalCluster
+from pd_operator.localcluster.processes import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"
+NAMESPACE = "bench"
+CHILDREN_PER_OBJECT = 4  # two Deployments, two Services
+
+
+def operator_writes(metrics_url: str, verb: str = "") -> float:
+    """The operator's API writes so far (of one verb, or all)."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    pattern = r"^pd_operator_api_writes_total\{([^}]*)\} ([0-9.e+]+)$"
+    return sum(
+        float(value)
+        for labels, value in re.findall(pattern, text, re.M)
+        if f'verb="{verb}"' in labels or not verb
+    )
+
+
+def settled_writes(metrics_url: str, stable_seconds: float, limit_seconds: float) -> float:
+    """Wait until the write counter has not moved for `stable_seconds`; return it."""
+    deadline = time.monotonic() + limit_seconds
+    last, since = operator_writes(metrics_url), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = operator_writes(metrics_url)
+        if current != last:
+            last, since = current, time.monotonic()
+        elif time.monotonic() - since >= stable_seconds:
+            break
+    return last
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    """A two-column markdown table."""
+    width = max(len(name) for name, _ in rows)
+    print(f"\n{title}\n")
+    print(f"| {'measure'.ljust(width)} | value |")
+    print(f"|{'-' * (width + 2)}|-------|")
+    for name, value in rows:
+        print(f"| {name.ljust(width)} | {value} |")
+
+
+def wait_converged(
+    custom: client.CustomObjectsApi, created: dict[str, float], timeout: float
+) -> dict[str, float]:
+    """Seconds from creation until each object's children were applied and their pods made."""
+    converged: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(converged) < len(created) and time.monotonic() < deadline:
+        items = custom.list_namespaced_custom_object(
+            "pdoperator.io", "v1alpha1", NAMESPACE, "pddeployments"
+        )["items"]
+        now = time.monotonic()
+        for item in items:
+            status = item.get("status") or {}
+            name = item["metadata"]["name"]
+            pools = status.get("pools") or []
+            if (
+                name not in converged
+                and status.get("observedGeneration") == 1
+                and len(pools) == 2
+                and all(p["replicas"] == p["desiredReplicas"] for p in pools)
+            ):
+                converged[name] = now - created[name]
+        time.sleep(0.25)
+    return converged
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--objects", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--quiet-seconds", type=float, default=10.0)
+    parser.add_argument("--log", default="/tmp/pd-operator-bench.log", help="operator log file")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+
+    template = yaml.safe_load(SAMPLE.read_text())
+    with LocalCluster() as cluster:
+        api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        core = client.CoreV1Api(api_client)
+        custom = client.CustomObjectsApi(api_client)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        metrics_port = free_port()
+        log = open(args.log, "wb")  # noqa: SIM115 - closed when the operator exits
+        operator = subprocess.Popen(
+            [
+                sys.executable, "-m", "pd_operator", "--kubeconfig", str(cluster.kubeconfig),
+                "--metrics-port", str(metrics_port), "--health-port", "0",
+                "--resync-seconds", "5", "--workers", "4",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    operator_writes(metrics_url)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            time.sleep(2)  # let kopf start its watches
+            cpu_before = cpu_seconds(operator.pid)
+
+            def create(index: int) -> tuple[str, float]:
+                body: dict[str, Any] = copy.deepcopy(template)
+                body["metadata"]["name"] = f"bench-{index:04d}"
+                custom.create_namespaced_custom_object(
+                    "pdoperator.io", "v1alpha1", NAMESPACE, "pddeployments", body
+                )
+                return body["metadata"]["name"], time.monotonic()
+
+            began = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                created = dict(pool.map(create, range(args.objects)))
+            created_in = time.monotonic() - began
+
+            converged = wait_converged(custom, created, args.timeout)
+            creation_writes = settled_writes(metrics_url, 5.0, 120.0)
+            applies = operator_writes(metrics_url, "apply")
+            status_patches = operator_writes(metrics_url, "patch_status")
+            time.sleep(args.quiet_seconds)
+            quiet_writes = operator_writes(metrics_url) - creation_writes
+            cpu = cpu_seconds(operator.pid) - cpu_before
+            rss = peak_rss_mib(operator.pid)
+        finally:
+            operator.terminate()
+            operator.wait(timeout=30)
+            log.close()
+
+    latencies = list(converged.values())
+    rows = [
+        ("objects created", f"{args.objects} in {created_in:.1f} s"),
+        ("objects converged", f"{len(converged)}/{args.objects}"),
+        ("time to converge p50 / p99 / max", (
+            f"{percentile(latencies, 0.5):.2f} / {percentile(latencies, 0.99):.2f} / "
+            f"{max(latencies):.2f} s" if latencies else "n/a"
+        )),
+        ("operator CPU during the run", f"{cpu:.1f} s"),
+        ("operator peak memory (VmHWM)", f"{rss:.0f} MiB"),
+        ("API writes per object until settled", f"{creation_writes / args.objects:.2f}"),
+        ("applies per child", f"{applies / args.objects / CHILDREN_PER_OBJECT:.2f}"),
+        ("status patches per object", f"{status_patches / args.objects:.2f}"),
+        (f"API writes in {args.quiet_seconds:.0f} s of steady state", f"{quiet_writes:.0f}"),
+        ("mean convergence", f"{statistics.mean(latencies):.2f} s" if latencies else "n/a"),
+    ]  # fmt: skip
+    print_table(f"reconcile benchmark ({args.objects} PDDeployments, 2 cores)", rows)
+    return 0 if len(converged) == args.objects else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
