@@ -1,0 +1,208 @@
+"""Reads the SLO signals of every PDDeployment from Prometheus, a few grouped queries per cycle.
+
+Results are tri-state (`core.signals.Reading`): a value; no traffic (a latency percentile over a
+window without requests); or unavailable (the query failed, timed out, or found no series for
+the object). Unknown is never zero.
+"""
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+
+from pd_operator.adapters import promql
+from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
+
+RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
+QUERY_TIMEOUT_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class SignalTarget:
+    """What to read for one PDDeployment."""
+
+    namespace: str
+    name: str
+    engine: str  # spec.model.engine
+    ttft_percentile: str
+    itl_percentile: str
+    window_seconds: int
+
+
+@dataclass
+class ReadReport:
+    """What one read cycle did: the queries sent, failures, and the adapter per engine."""
+
+    queries: int = 0
+    errors: list[str] = field(default_factory=list)
+    adapters: dict[str, str] = field(default_factory=dict)  # engine -> adapter name
+    failing_queries: dict[RoleKey, str] = field(default_factory=dict)  # no series: the query
+
+
+class PrometheusReader:
+    """Grouped, tri-state reads through prometheus-api-client."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        bearer_token: str | None = None,
+        ca_path: str | None = None,
+        timeout_seconds: int = QUERY_TIMEOUT_SECONDS,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else None
+        session = requests.Session()
+        if ca_path:
+            session.verify = ca_path
+        self._client = PrometheusConnect(
+            url=url, headers=headers, session=session, timeout=timeout_seconds
+        )
+        self.url = url
+
+    def _query(self, text: str, report: ReadReport) -> list[dict[str, Any]] | None:
+        report.queries += 1
+        try:
+            result: list[dict[str, Any]] = self._client.custom_query(text)
+            return result
+        except (PrometheusApiClientException, requests.RequestException, ValueError) as error:
+            report.errors.append(f"{text}: {error}")
+            return None
+
+    def read(
+        self, targets: Sequence[SignalTarget], now: float | None = None
+    ) -> tuple[dict[RoleKey, RoleSignals], ReadReport]:
+        """Signals per (namespace, name, role) for every target; the report says how it went."""
+        now = time.time() if now is None else now
+        report = ReadReport()
+        present = self._query(promql.detection_query(), report)
+        if present is None:
+            reason = f"Prometheus at {self.url} unavailable: {report.errors[-1]}"
+            return _all(targets, now, unavailable(reason)), report
+        names = {series["metric"].get("__name__", "") for series in present}
+        signals: dict[RoleKey, RoleSignals] = {}
+        for engine in sorted({t.engine for t in targets}):
+            group = [t for t in targets if t.engine == engine]
+            adapter = promql.detect(names, engine)
+            if adapter is None:
+                wanted = ", ".join(a.itl_histogram for a in promql.ADAPTERS[engine])
+                signals |= _all(group, now, unavailable(f"no {engine} latency series ({wanted})"))
+                continue
+            report.adapters[engine] = adapter.name
+            signals |= self._read_engine(adapter, group, now, report)
+        return signals, report
+
+    def _read_engine(
+        self,
+        adapter: promql.EngineMetrics,
+        targets: Sequence[SignalTarget],
+        now: float,
+        report: ReadReport,
+    ) -> dict[RoleKey, RoleSignals]:
+        values: dict[RoleKey, dict[str, Reading]] = {}
+        wanted = {(t.namespace, t.name) for t in targets}
+
+        def collect(
+            signal: str, roles: tuple[str, ...], query: str, keys: Iterable[tuple[str, str]]
+        ) -> None:
+            """Run one query and hand its series to every object and role it covers."""
+            result = self._query(query, report)
+            keys = [k for k in keys if k in wanted]
+            for role in roles:
+                found = _by_role(result, role) if result is not None else {}
+                for namespace, name in keys:
+                    key = (namespace, name, role)
+                    reading = found.get(key)
+                    if result is None:
+                        reading = unavailable(f"query failed: {query}")
+                    elif reading is None:
+                        reading = unavailable(f"no series: {query}")
+                        report.failing_queries.setdefault(key, query)
+                    values.setdefault(key, {})[signal] = reading
+
+        def keys_where(**match: Any) -> list[tuple[str, str]]:
+            return [
+                (t.namespace, t.name)
+                for t in targets
+                if all(getattr(t, k) == v for k, v in match.items())
+            ]
+
+        for percentile, window in sorted({(t.ttft_percentile, t.window_seconds) for t in targets}):
+            query = promql.quantile_query(adapter.ttft_histogram, "prefill", percentile, window)
+            collect("ttft_seconds", ("prefill",), query,
+                    keys_where(ttft_percentile=percentile, window_seconds=window))  # fmt: skip
+        for percentile, window in sorted({(t.itl_percentile, t.window_seconds) for t in targets}):
+            query = promql.quantile_query(adapter.itl_histogram, "decode", percentile, window)
+            collect("itl_seconds", ("decode",), query,
+                    keys_where(itl_percentile=percentile, window_seconds=window))  # fmt: skip
+        for window in sorted({t.window_seconds for t in targets}):
+            keys = keys_where(window_seconds=window)
+            for role in ("prefill", "decode"):
+                histogram = adapter.ttft_histogram if role == "prefill" else adapter.itl_histogram
+                collect("requests_per_second", (role,),
+                        promql.request_rate_query(histogram, role, window), keys)  # fmt: skip
+            for signal, counter in (
+                ("prompt_tokens_per_second", adapter.prompt_tokens),
+                ("generation_tokens_per_second", adapter.generation_tokens),
+            ):
+                if counter:
+                    query = promql.counter_rate_query(counter, window)
+                    collect(signal, ("prefill", "decode"), query, keys)
+        all_keys = keys_where()
+        for signal, gauge, aggregate in (
+            ("queue_depth", adapter.waiting, "sum"),
+            ("running_requests", adapter.running, "sum"),
+            ("kv_cache_usage", adapter.kv_usage, "avg"),
+        ):
+            if gauge:
+                collect(
+                    signal, ("prefill", "decode"), promql.gauge_query(gauge, aggregate), all_keys
+                )
+        return {
+            (t.namespace, t.name, role): RoleSignals(
+                sample_time=now, **values.get((t.namespace, t.name, role), {})
+            )
+            for t in targets
+            for role in ("prefill", "decode")
+        }
+
+
+def _reading(raw: str) -> Reading:
+    value = float(raw)
+    # NaN: a percentile of a window without requests; that is no traffic, not zero latency.
+    if math.isnan(value):
+        return NO_TRAFFIC
+    return Reading.of(max(0.0, value)) if math.isfinite(value) else unavailable(f"value {raw}")
+
+
+def _by_role(result: list[dict[str, Any]], role: str) -> dict[RoleKey, Reading]:
+    """The series of one role, keyed by object (queries group by namespace, deployment, role)."""
+    return {
+        (series["metric"].get("namespace", ""), series["metric"].get("deployment", ""), role): (
+            _reading(series["value"][1])
+        )
+        for series in result
+        if series["metric"].get("role") == role
+    }
+
+
+def _all(
+    targets: Iterable[SignalTarget], now: float, reading: Reading
+) -> dict[RoleKey, RoleSignals]:
+    """The same reading for every signal of every target (a failure that hides everything)."""
+    every = RoleSignals(
+        sample_time=now,
+        ttft_seconds=reading,
+        itl_seconds=reading,
+        queue_depth=reading,
+        running_requests=reading,
+        kv_cache_usage=reading,
+        requests_per_second=reading,
+        prompt_tokens_per_second=reading,
+        generation_tokens_per_second=reading,
+    )
+    return {(t.namespace, t.name, role): every for t in targets for role in ("prefill", "decode")}

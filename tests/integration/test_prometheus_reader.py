@@ -1,0 +1,139 @@
+"""The Prometheus reader against a real Prometheus scraping vLLM-named metrics."""
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from kubetools import wait_for
+from pd_operator.adapters.prometheus import PrometheusReader, SignalTarget
+from pd_operator.core.signals import ReadingKind
+from pd_operator.localcluster.processes import free_port
+
+BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class FakeEngine:
+    """One pod's worth of vLLM metrics on its own loopback port, served by prometheus_client as
+    vLLM serves them (Prometheus' OpenMetrics scrape makes it escape the colons: vllm_...)."""
+
+    def __init__(self, prometheus, name: str, labels: dict[str, str]) -> None:
+        self.registry = CollectorRegistry()
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "ttft", ["model_name"], buckets=BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "itl", ["model_name"], buckets=BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "w", ["model_name"], registry=self.registry
+        )
+        self.prompt = Counter("vllm:prompt_tokens", "p", ["model_name"], registry=self.registry)
+        port = free_port()
+        self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+        prometheus.set_targets(name, [f"127.0.0.1:{port}"], labels)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def engines(prometheus):
+    made = []
+
+    def make(name, labels):
+        engine = FakeEngine(prometheus, name, labels)
+        made.append((name, engine))
+        return engine
+
+    yield make
+    for name, engine in made:
+        prometheus.set_targets(name, [], {})
+        engine.close()
+
+
+def target(name: str, engine: str = "VLLM", window: int = 10) -> SignalTarget:
+    return SignalTarget("ns", name, engine, "P50", "P90", window)
+
+
+def test_grouped_reads_give_each_object_its_own_latency(prometheus, engines):
+    fast = engines("fast-prefill", {"namespace": "ns", "deployment": "fast", "role": "prefill"})
+    slow = engines("slow-prefill", {"namespace": "ns", "deployment": "slow", "role": "prefill"})
+    decode = engines("fast-decode", {"namespace": "ns", "deployment": "fast", "role": "decode"})
+    idle = engines("idle-prefill", {"namespace": "ns", "deployment": "idle", "role": "prefill"})
+    idle.ttft.labels(model_name="m")  # the series exist, but nothing is observed
+    reader = PrometheusReader(prometheus.url)
+    targets = [target("fast"), target("slow"), target("idle")]
+
+    def observe_and_read():
+        for _ in range(20):
+            fast.ttft.labels(model_name="m").observe(0.3)
+            slow.ttft.labels(model_name="m").observe(3.0)
+            decode.itl.labels(model_name="m").observe(0.015)
+        fast.waiting.labels(model_name="m").set(7)
+        fast.prompt.labels(model_name="m").inc(5000)
+        signals, report = reader.read(targets)
+        ready = signals[("ns", "fast", "prefill")].ttft_seconds.kind is ReadingKind.VALUE
+        return (
+            (signals, report)
+            if ready and signals[("ns", "slow", "prefill")].ttft_seconds.value
+            else None
+        )
+
+    signals, report = wait_for(observe_and_read, timeout=40, interval=1, what="rates over scrapes")
+    fast_ttft = signals[("ns", "fast", "prefill")].ttft_seconds.value
+    slow_ttft = signals[("ns", "slow", "prefill")].ttft_seconds.value
+    assert 0.25 <= fast_ttft <= 0.5  # inside the bucket that holds 0.3 s
+    assert 2.5 <= slow_ttft <= 5.0
+    assert signals[("ns", "fast", "decode")].itl_seconds.value <= 0.02
+    assert signals[("ns", "fast", "prefill")].queue_depth.value == 7
+    assert signals[("ns", "fast", "prefill")].prompt_tokens_per_second.value > 0
+    # A histogram without requests in the window is no traffic, not zero latency.
+    assert signals[("ns", "idle", "prefill")].ttft_seconds.kind is ReadingKind.NO_TRAFFIC
+    assert report.adapters == {"VLLM": "vllm-underscore"}
+    assert report.errors == []
+
+
+def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, engines):
+    engines("one-decode", {"namespace": "ns", "deployment": "one", "role": "decode"}).itl.labels(
+        model_name="m"
+    ).observe(0.01)
+    reader = PrometheusReader(prometheus.url)
+    wait_for(lambda: reader.read([target("one")])[1].adapters, timeout=20, what="detection")
+    _, few = reader.read([target("one")])
+    _, many = reader.read([target(f"obj-{i}") for i in range(200)])
+    assert many.queries == few.queries <= 10  # detection + 9 signals
+
+
+def test_an_engine_without_series_is_unavailable_and_names_what_was_looked_for(prometheus, engines):
+    engines("v-decode", {"namespace": "ns", "deployment": "v", "role": "decode"}).itl.labels(
+        model_name="m"
+    ).observe(0.01)
+    reader = PrometheusReader(prometheus.url)
+    wait_for(lambda: reader.read([target("v")])[1].adapters, timeout=20, what="detection")
+    signals, _ = reader.read([target("s", engine="SGLang")])
+    reading = signals[("ns", "s", "decode")].itl_seconds
+    assert reading.kind is ReadingKind.UNAVAILABLE
+    assert "sglang:inter_token_latency_seconds" in reading.reason  # says what it looked for
+
+
+def test_an_object_with_no_series_reports_the_failing_query(prometheus, engines):
+    engines("w-decode", {"namespace": "ns", "deployment": "w", "role": "decode"}).itl.labels(
+        model_name="m"
+    ).observe(0.01)
+    reader = PrometheusReader(prometheus.url)
+    wait_for(lambda: reader.read([target("w")])[1].adapters, timeout=20, what="detection")
+    signals, report = reader.read([target("missing")])
+    assert signals[("ns", "missing", "prefill")].ttft_seconds.kind is ReadingKind.UNAVAILABLE
+    assert "time_to_first_token" in report.failing_queries[("ns", "missing", "prefill")]
+
+
+def test_prometheus_down_is_unavailable_never_zero():
+    reader = PrometheusReader(f"http://127.0.0.1:{free_port()}", timeout_seconds=1)
+    signals, report = reader.read([target("x")])
+    for role in ("prefill", "decode"):
+        role_signals = signals[("ns", "x", role)]
+        assert role_signals.ttft_seconds.kind is ReadingKind.UNAVAILABLE
+        assert role_signals.requests_per_second.rate_or_zero() is None
+    assert report.errors
