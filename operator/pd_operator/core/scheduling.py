@@ -1,0 +1,377 @@
+"""Which node a pod fits on, and kube-scheduler's words when none does.
+
+The fit logic of the mock scheduler (`pd_operator.sim`): the filters of kube-scheduler's default
+profile that decide where accelerator pods go, in its order (NodeUnschedulable, TaintToleration,
+NodeAffinity, NodeResourcesFit), a most-allocated score that packs cards onto as few nodes as
+possible, and the FailedScheduling message. Like kube-scheduler, a node that is not Ready is kept
+off by the taints the node-lifecycle controller puts on it, not by looking at its conditions.
+"""
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pd_operator.core.observe import summarize_node
+from pd_operator.core.quantity import parse_quantity
+
+# Filter reasons, word for word as kube-scheduler v1.36 reports them. Since kubernetes#134740
+# (v1.34.2, v1.35) the taint reason no longer names the taint: pod status is readable by more
+# people than node specs, and taint values can be sensitive.
+REASON_UNSCHEDULABLE = "node(s) were unschedulable"
+REASON_TAINT = "node(s) had untolerated taint(s)"
+REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+REASON_TOO_MANY_PODS = "Too many pods"
+PODS = "pods"
+# A node with `spec.unschedulable` (kubectl cordon) admits pods that tolerate this taint.
+UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+Usage = Mapping[str, int]  # resource name -> amount in milli-units ("pods" counts 1000 per pod)
+
+
+def milli(quantity: str | int) -> int:
+    """A quantity in milli-units, rounded up as kube-scheduler rounds requests."""
+    return math.ceil(parse_quantity(quantity) * 1000)
+
+
+def insufficient(resource: str) -> str:
+    """The NodeResourcesFit reason for a resource a node has too little of."""
+    return f"Insufficient {resource}"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration; an empty key with Exists tolerates every taint."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+    def tolerates(self, taint: "Taint") -> bool:
+        """The core/v1 matching rule for one taint."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A node taint."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One entry of a node selector term's matchExpressions or matchFields."""
+
+    key: str
+    operator: str  # In, NotIn, Exists, DoesNotExist, Gt, Lt
+    values: tuple[str, ...] = ()
+
+    def matches(self, values: Mapping[str, str]) -> bool:
+        """Whether a node's labels (or fields) satisfy this requirement."""
+        present = self.key in values
+        value = values.get(self.key, "")
+        if self.operator == "In":
+            return present and value in self.values
+        if self.operator == "NotIn":
+            return not present or value not in self.values
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        if self.operator in ("Gt", "Lt") and present and len(self.values) == 1:
+            try:
+                have, bound = int(value), int(self.values[0])
+            except ValueError:
+                return False
+            return have > bound if self.operator == "Gt" else have < bound
+        return False
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """A node selector term: every expression and field requirement must hold."""
+
+    expressions: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str], name: str) -> bool:
+        """An empty term matches no node, as in core/v1."""
+        if not self.expressions and not self.fields:
+            return False
+        node_fields = {"metadata.name": name}
+        return all(r.matches(labels) for r in self.expressions) and all(
+            r.matches(node_fields) for r in self.fields
+        )
+
+
+def _check_order(item: tuple[str, int]) -> tuple[int, str]:
+    # kube-scheduler's order: pod count, cpu, memory, ephemeral storage, then the rest by name.
+    rank = {PODS: 0, "cpu": 1, "memory": 2, "ephemeral-storage": 3}
+    return (rank.get(item[0], 4), item[0])
+
+
+@dataclass(frozen=True)
+class PodDemand:
+    """What a pod asks of a node. Hashable: pods of one template share one demand."""
+
+    # (resource, milli-units), "pods" included; kept in kube-scheduler's order of checking.
+    requests: tuple[tuple[str, int], ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()
+    # Required node affinity: any term may match. None when the pod sets none.
+    affinity: tuple[SelectorTerm, ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requests", tuple(sorted(self.requests, key=_check_order)))
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the filters read of a node."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    allocatable: Usage = field(default_factory=dict)
+    unschedulable: bool = False
+
+
+def _requirements(entries: Iterable[Mapping[str, Any]]) -> tuple[Requirement, ...]:
+    return tuple(
+        Requirement(e["key"], e["operator"], tuple(str(v) for v in e.get("values") or ()))
+        for e in entries
+    )
+
+
+def _add(total: dict[str, int], requests: Mapping[str, Any]) -> None:
+    for resource, quantity in requests.items():
+        total[resource] = total.get(resource, 0) + milli(quantity)
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Requests of a pod spec in milli-units: containers summed, then the largest init
+    container wherever it asks for more, plus the runtime class overhead (as kube-scheduler)."""
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        _add(total, (container.get("resources") or {}).get("requests") or {})
+    for container in spec.get("initContainers") or []:
+        for resource, quantity in (
+            (container.get("resources") or {}).get("requests") or {}
+        ).items():
+            total[resource] = max(total.get(resource, 0), milli(quantity))
+    _add(total, spec.get("overhead") or {})
+    total[PODS] = 1000
+    return total
+
+
+def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
+    """The demand of a pod object (camelCase dict as the apiserver returns it)."""
+    spec = pod.get("spec") or {}
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms")
+    affinity = (
+        None
+        if terms is None
+        else tuple(
+            SelectorTerm(
+                _requirements(term.get("matchExpressions") or ()),
+                _requirements(term.get("matchFields") or ()),
+            )
+            for term in terms
+        )
+    )
+    tolerations = tuple(
+        Toleration(
+            key=t.get("key") or "",
+            operator=t.get("operator") or "Equal",
+            value=t.get("value") or "",
+            effect=t.get("effect") or "",
+        )
+        for t in spec.get("tolerations") or ()
+    )
+    return PodDemand(
+        requests=tuple(pod_requests(spec).items()),
+        node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
+        affinity=affinity,
+        tolerations=tolerations,
+    )
+
+
+def node_facts(node: Mapping[str, Any]) -> NodeFacts:
+    """The facts of a node object that the filters read."""
+    summary = summarize_node(node)
+    return NodeFacts(
+        name=summary.name,
+        labels=summary.labels,
+        taints=tuple(
+            Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "")) for t in summary.taints
+        ),
+        allocatable={resource: milli(value) for resource, value in summary.allocatable.items()},
+        unschedulable=summary.unschedulable,
+    )
+
+
+def static_reason(demand: PodDemand, node: NodeFacts) -> str | None:
+    """The first filter that rejects the node regardless of what already runs there."""
+    if node.unschedulable and not any(
+        t.tolerates(Taint(UNSCHEDULABLE_TAINT_KEY, "", "NoSchedule")) for t in demand.tolerations
+    ):
+        return REASON_UNSCHEDULABLE
+    for taint in node.taints:
+        if taint.effect in BLOCKING_EFFECTS and not any(
+            t.tolerates(taint) for t in demand.tolerations
+        ):
+            return REASON_TAINT
+    if any(node.labels.get(key) != value for key, value in demand.node_selector):
+        return REASON_AFFINITY
+    if demand.affinity is not None and not any(
+        term.matches(node.labels, node.name) for term in demand.affinity
+    ):
+        return REASON_AFFINITY
+    return None
+
+
+def resource_reasons(demand: PodDemand, node: NodeFacts, used: Usage) -> tuple[str, ...]:
+    """Every resource the node lacks for the pod (NodeResourcesFit reports them all)."""
+    reasons = []
+    for resource, amount in demand.requests:
+        if amount <= 0:
+            continue
+        free = node.allocatable.get(resource, 0) - used.get(resource, 0)
+        if amount > free:
+            reasons.append(REASON_TOO_MANY_PODS if resource == PODS else insufficient(resource))
+    return tuple(reasons)
+
+
+def packing_score(demand: PodDemand, node: NodeFacts, used: Usage) -> tuple[float, float]:
+    """Higher is better: how full the node's accelerators (then cpu and memory) would be."""
+    extended: list[float] = []
+    basic: list[float] = []
+    for resource, amount in demand.requests:
+        capacity = node.allocatable.get(resource, 0)
+        if resource == PODS or amount <= 0 or capacity <= 0:
+            continue
+        share = (used.get(resource, 0) + amount) / capacity
+        (extended if "/" in resource else basic).append(share)
+    return (
+        sum(extended) / len(extended) if extended else 0.0,
+        sum(basic) / len(basic) if basic else 0.0,
+    )
+
+
+def unschedulable_message(total_nodes: int, reasons: Iterable[str]) -> str:
+    """kube-scheduler's FitError text: reasons counted over nodes, sorted as strings."""
+    counts = Counter(reasons)
+    if not total_nodes:
+        return "no nodes available to schedule pods"
+    histogram = sorted(f"{count} {reason}" for reason, count in counts.items())
+    return f"0/{total_nodes} nodes are available: {', '.join(histogram)}."
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where one pod goes: a node, or None with the message that says why not."""
+
+    key: str
+    node: str | None
+    message: str = ""
+
+
+def _fits(requests: Sequence[tuple[str, int]], node: NodeFacts, used: Usage) -> bool:
+    allocatable = node.allocatable
+    return all(amount <= allocatable.get(r, 0) - used.get(r, 0) for r, amount in requests)
+
+
+@dataclass
+class _DemandState:
+    """What one call of `schedule` has learnt about one demand."""
+
+    feasible: list[NodeFacts]  # passed the static filters
+    rejected: list[str]  # the static reasons of the others
+    candidates: list[NodeFacts]  # feasible nodes not yet found too full (usage only grows)
+    positive: tuple[tuple[str, int], ...]  # the requests worth checking
+
+
+def schedule(
+    pods: Sequence[tuple[str, PodDemand]],
+    nodes: Sequence[NodeFacts],
+    usage: Mapping[str, Usage],
+) -> list[Decision]:
+    """Place pods in order, each seeing the nodes as the pods before it left them.
+
+    `usage` is what already runs on each node; it is not modified. Pods with the same demand
+    share work: static filters run once per demand; a node too full for a demand stays too full
+    for the rest of the call; consecutive pods of one demand go on filling the node the previous
+    one chose while it fits (it only got fuller, so it still scores best); and once a demand
+    finds no node, later pods with it get the same message.
+    """
+    used: dict[str, dict[str, int]] = {}
+    ordered = sorted(nodes, key=lambda n: n.name)
+    states: dict[PodDemand, _DemandState] = {}
+    failed: dict[PodDemand, str] = {}
+    decisions = []
+    last: tuple[PodDemand, NodeFacts] | None = None
+
+    def now(node: NodeFacts) -> Usage:
+        return used.get(node.name) or usage.get(node.name) or {}
+
+    for key, demand in pods:
+        if demand in failed:
+            decisions.append(Decision(key, None, failed[demand]))
+            continue
+        state = states.get(demand)
+        if state is None:
+            feasible, rejected = [], []
+            for node in ordered:
+                reason = static_reason(demand, node)
+                if reason is None:
+                    feasible.append(node)
+                else:
+                    rejected.append(reason)
+            positive = tuple((r, a) for r, a in demand.requests if a > 0)
+            state = states[demand] = _DemandState(feasible, rejected, list(feasible), positive)
+        best: NodeFacts | None = None
+        if last is not None and last[0] == demand and _fits(state.positive, last[1], now(last[1])):
+            best = last[1]
+        else:
+            best_score = (-1.0, -1.0)
+            fitting = []
+            for node in state.candidates:
+                current = now(node)
+                if not _fits(state.positive, node, current):
+                    continue
+                fitting.append(node)
+                score = packing_score(demand, node, current)
+                if score > best_score:  # strict: ties keep the earlier name
+                    best, best_score = node, score
+            state.candidates = fitting
+        if best is None:
+            reasons = list(state.rejected)
+            for node in state.feasible:
+                reasons.extend(resource_reasons(demand, node, now(node)))
+            message = unschedulable_message(len(ordered), reasons)
+            failed[demand] = message
+            decisions.append(Decision(key, None, message))
+            last = None
+            continue
+        placed = dict(now(best))
+        for resource, amount in demand.requests:
+            placed[resource] = placed.get(resource, 0) + amount
+        used[best.name] = placed
+        decisions.append(Decision(key, best.name))
+        last = (demand, best)
+    return decisions
