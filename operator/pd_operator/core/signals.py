@@ -1,0 +1,90 @@
+"""Metric reads as the autoscaler sees them: a value, no traffic, or unavailable.
+
+A failed Prometheus query is not zero demand, and a latency percentile over a window without
+requests is not a number (PromQL returns NaN or nothing). Both are easy to mistake for zero; here
+each is its own state, and only `rate_or_zero` turns "no traffic" into 0, for rates, where that is
+what it means. The adapter that queries Prometheus builds these; `core.policy` consumes them.
+"""
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ReadingKind(StrEnum):
+    VALUE = "Value"
+    NO_TRAFFIC = "NoTraffic"
+    UNAVAILABLE = "Unavailable"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One metric read: a finite non-negative value, no traffic, or unavailable (with why)."""
+
+    kind: ReadingKind
+    value: float | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind is ReadingKind.VALUE:
+            if self.value is None or not math.isfinite(self.value) or self.value < 0:
+                raise ValueError(f"a metric value must be finite and >= 0, got {self.value}")
+        elif self.value is not None:
+            raise ValueError(f"a {self.kind} reading carries no value")
+
+    @classmethod
+    def of(cls, value: float) -> "Reading":
+        """A measured value."""
+        return cls(ReadingKind.VALUE, float(value))
+
+    @property
+    def available(self) -> bool:
+        """True unless the read failed: no traffic is a valid observation."""
+        return self.kind is not ReadingKind.UNAVAILABLE
+
+    def rate_or_zero(self) -> float | None:
+        """For rates and counts: no traffic is 0; unavailable stays None (unknown)."""
+        if self.kind is ReadingKind.NO_TRAFFIC:
+            return 0.0
+        return self.value
+
+    def __str__(self) -> str:
+        if self.kind is ReadingKind.VALUE:
+            return f"{self.value:.4g}"
+        return f"unavailable ({self.reason})" if self.reason else str(self.kind)
+
+
+NO_TRAFFIC = Reading(ReadingKind.NO_TRAFFIC)
+
+
+def unavailable(reason: str) -> Reading:
+    """A read that failed or returned nothing usable; `reason` says which and why."""
+    return Reading(ReadingKind.UNAVAILABLE, reason=reason)
+
+
+NOT_READ = unavailable("not read")
+
+
+@dataclass(frozen=True)
+class RoleSignals:
+    """What Prometheus said about one role (prefill or decode) at `sample_time`.
+
+    Latencies are at the percentile of the role's SLO over the SLO window. Gauges (queue depth,
+    running requests, KV-cache usage) are summed over the role's ready replicas, except KV-cache
+    usage, which is their mean (0..1). Anything not read stays unavailable, never zero.
+    """
+
+    sample_time: float  # unix seconds of the evaluation
+    ttft_seconds: Reading = NOT_READ
+    itl_seconds: Reading = NOT_READ
+    queue_depth: Reading = NOT_READ  # requests waiting
+    running_requests: Reading = NOT_READ
+    kv_cache_usage: Reading = NOT_READ  # 0..1
+    requests_per_second: Reading = NOT_READ
+    prompt_tokens_per_second: Reading = NOT_READ
+    generation_tokens_per_second: Reading = NOT_READ
+
+    def __post_init__(self) -> None:
+        usage = self.kv_cache_usage.value
+        if usage is not None and usage > 1:
+            raise ValueError(f"KV-cache usage is a fraction in [0, 1], got {usage}")
