@@ -1,0 +1,129 @@
+"""Free capacity: how many more replicas of a pool fit on the nodes, now.
+
+A replica needs `accelerator.perReplica` cards on ONE node (an engine does not span a node's
+fragments), plus its CPU and memory requests and one pod slot. Free is allocatable minus the
+requests of the pods bound to the node. Only Ready, uncordoned nodes that the pool admits
+(`placement.node_admits`: selector and taints) count.
+
+`FreeCapacity` is a ledger: `take` places replicas on it and returns a new ledger, so pools that
+share nodes are never promised the same cards twice within one decision.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+from pd_operator.api.spec import ContainerResources, PoolSpec
+from pd_operator.core.observe import NodeSummary, PodSummary
+from pd_operator.core.placement import node_admits
+from pd_operator.core.quantity import parse_quantity
+
+PODS = "pods"
+
+
+def _container_request(resources: ContainerResources | None, name: str) -> str | None:
+    # As the apiserver defaults it: a limit without a request is also the request.
+    for amounts in (resources.requests, resources.limits) if resources else ():
+        value: str | None = getattr(amounts, name) if amounts else None
+        if value is not None:
+            return value
+    return None
+
+
+def replica_request(pool: PoolSpec) -> dict[str, Decimal]:
+    """What one replica of the pool asks of a node: cards, CPU and memory, one pod slot."""
+    request = {pool.accelerator.resource_name: Decimal(pool.accelerator.per_replica)}
+    request[PODS] = Decimal(1)
+    resources = pool.template.resources if pool.template else None
+    for name in ("cpu", "memory"):
+        value = _container_request(resources, name)
+        if value is not None:
+            request[name] = parse_quantity(value)
+    return request
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """One schedulable node and what is still free on it."""
+
+    node: NodeSummary
+    free: Mapping[str, Decimal]
+
+    def replicas_fitting(self, request: Mapping[str, Decimal]) -> int:
+        """How many replicas with this request fit in the free room."""
+        counts = []
+        for name, amount in request.items():
+            if amount <= 0:
+                continue
+            if name == PODS and name not in self.free:
+                continue  # a node view without a pod limit (some fakes) is not full
+            counts.append(int(self.free.get(name, Decimal(0)) // amount))
+        return max(0, min(counts, default=0))
+
+
+@dataclass(frozen=True)
+class FreeCapacity:
+    """Free room per schedulable node; immutable, `take` returns a new ledger."""
+
+    rooms: tuple[NodeRoom, ...]
+
+    def _admitting(self, pool: PoolSpec) -> list[int]:
+        return [i for i, room in enumerate(self.rooms) if node_admits(pool, room.node)]
+
+    def fits(self, pool: PoolSpec) -> int:
+        """How many more replicas of the pool fit, each on a single node."""
+        request = replica_request(pool)
+        return sum(self.rooms[i].replicas_fitting(request) for i in self._admitting(pool))
+
+    def take(self, pool: PoolSpec, replicas: int) -> "FreeCapacity":
+        """The ledger after placing up to `replicas` replicas (as many as fit).
+
+        Best fit: each replica goes to the admitting node with the fewest free cards that still
+        holds it, so large holes stay open for pools with more cards per replica.
+        """
+        request = replica_request(pool)
+        cards = pool.accelerator.resource_name
+        rooms = list(self.rooms)
+        candidates = self._admitting(pool)
+        for _ in range(max(0, replicas)):
+            fitting = [i for i in candidates if rooms[i].replicas_fitting(request) > 0]
+            if not fitting:
+                break
+            best = min(fitting, key=lambda i: (rooms[i].free.get(cards, Decimal(0)), i))
+            free = dict(rooms[best].free)
+            for name, amount in request.items():
+                if name in free:
+                    free[name] -= amount
+            rooms[best] = replace(rooms[best], free=free)
+        return FreeCapacity(tuple(rooms))
+
+
+def _allocatable(node: NodeSummary) -> dict[str, Decimal]:
+    return {name: parse_quantity(value) for name, value in node.allocatable.items()}
+
+
+def free_capacity(nodes: Sequence[NodeSummary], pods: Iterable[PodSummary]) -> FreeCapacity:
+    """The ledger of Ready, uncordoned nodes after the requests of the pods bound to them.
+
+    `pods` are every pod in the cluster that holds resources: bound and not Succeeded or Failed
+    (the caller filters the phase). Terminating pods still hold their requests until they are
+    gone, as the scheduler counts them.
+    """
+    used: dict[str, dict[str, Decimal]] = {}
+    for pod in pods:
+        if not pod.node_name:
+            continue
+        on_node = used.setdefault(pod.node_name, {})
+        for name, value in pod.requests.items():
+            on_node[name] = on_node.get(name, Decimal(0)) + parse_quantity(value)
+        on_node[PODS] = on_node.get(PODS, Decimal(0)) + 1
+    rooms = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        if not node.ready or node.unschedulable:
+            continue
+        free = _allocatable(node)
+        for name, amount in used.get(node.name, {}).items():
+            if name in free:
+                free[name] = max(Decimal(0), free[name] - amount)
+        rooms.append(NodeRoom(node, free))
+    return FreeCapacity(tuple(rooms))

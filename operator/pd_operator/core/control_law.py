@@ -1,0 +1,207 @@
+"""The control law of one role: how much serving capacity its signals call for.
+
+Capacity is counted in the role's capacity units: tokens/s when the pools have an estimate
+(`core.learning`), cards otherwise. Three terms, each a capacity the role should have:
+
+* feedback: ready capacity x latency/target (at most doubled), when latency is over the target
+  by more than the tolerance;
+* feed-forward: demand (tokens/s, plus the prefill queue drained within one SLO window) at
+  TARGET_UTILISATION of the estimated capacity;
+* memory (decode): KV-cache usage, grown by the requests waiting for room, at KV_TARGET.
+
+The role grows to the largest term. It may shrink only to a size predicted to hold the demand
+at SCALE_DOWN_UTILISATION, below the growth target: that gap is the hysteresis that keeps a
+steady load from flapping between two sizes. Latency near the target holds the size. A role
+whose capacity is only known from below may probe one replica down while latency is far under
+the target.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pd_operator.api.spec import PDDeploymentSpec, Role
+from pd_operator.core.learning import BREACH_RATIO, RoleCapacity
+from pd_operator.core.signals import ReadingKind, RoleSignals
+
+# Grow to a size at which the demand uses this share of the estimated capacity.
+TARGET_UTILISATION = 0.8
+# Shrink only to a size at which the demand would use at most this share.
+SCALE_DOWN_UTILISATION = 0.7
+# Latency/target at or above which the role holds its size: close enough to the SLO that a
+# smaller size would likely breach it.
+HOLD_RATIO = 0.9
+# Latency is a steep function of load near saturation: a 5x breach does not mean 5x replicas.
+# Feedback at most doubles the ready capacity per decision; feed-forward sizes the rest.
+MAX_FEEDBACK_GAIN = 2.0
+# Latency/target under which a role whose capacity is only known from below (it has never
+# run near its SLO) may shed one replica per scale-down window, to find out...
+PROBE_RATIO = 0.6
+# ...as long as each remaining replica then carries at most this multiple of the load per
+# replica already seen within the SLO: a probe never leaps far into the unknown.
+MAX_PROBE_LOAD = 1.5
+# KV-cache usage (decode) to grow at and to stay under after shrinking.
+KV_TARGET = 0.8
+KV_SCALE_DOWN = 0.7
+# A sample older than this many decision intervals is as good as none.
+STALE_INTERVALS = 3
+EPSILON = 1e-9
+
+LoadStatus = Literal["active", "idle", "unavailable", "stuck"]
+
+
+@dataclass(frozen=True)
+class RoleLoad:
+    """What one role's signals say, reduced to what the control law uses."""
+
+    status: LoadStatus
+    note: str = ""  # the signals in words
+    latency_ratio: float | None = None  # observed/target at the SLO percentile
+    served_tokens_per_second: float | None = None
+    demand_tokens_per_second: float | None = None  # served, plus the queue to drain
+    memory_pressure: float | None = None  # decode KV usage x (running + waiting) / running
+    mean_prompt_tokens: float | None = None
+    nothing_finished: bool = False  # requests were held but none finished in the window
+
+
+def read_load(
+    spec: PDDeploymentSpec,
+    role: Role,
+    signals: RoleSignals | None,
+    now: float,
+    stuck_since: float | None = None,
+) -> RoleLoad:
+    """Classify one role's signals: active, idle (no traffic), unavailable, or stuck.
+
+    Stuck: requests are held but none finished within the window. Right after a quiet spell
+    that is normal (the first requests are still running), so the role holds; once it has
+    lasted a whole window since `stuck_since`, the latency is at least that long: a breach.
+    """
+    if signals is None:
+        return RoleLoad("unavailable", "no signals for the role")
+    age = now - signals.sample_time
+    if age > STALE_INTERVALS * spec.scaling.interval_seconds:
+        return RoleLoad("unavailable", f"newest sample is {age:.0f}s old")
+    name = "TTFT" if role == "prefill" else "ITL"
+    latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
+    target = spec.slo.ttft if role == "prefill" else spec.slo.itl
+    if latency.kind is ReadingKind.UNAVAILABLE:
+        return RoleLoad("unavailable", f"{name} unavailable: {latency.reason or 'no reason'}")
+    served = (
+        signals.prompt_tokens_per_second
+        if role == "prefill"
+        else signals.generation_tokens_per_second
+    ).rate_or_zero()
+    waiting = signals.queue_depth.rate_or_zero()
+    running = signals.running_requests.rate_or_zero()
+    requests = signals.requests_per_second.rate_or_zero()
+    seconds = latency.value
+    if seconds is None:  # no request finished within the window
+        if (waiting or 0) > 0 or (running or 0) > 0:
+            held = f"{waiting or 0:.0f} waiting and {running or 0:.0f} running, none finished"
+            stuck = now - (now if stuck_since is None else stuck_since)
+            if stuck < spec.slo.window_seconds:
+                return RoleLoad("stuck", f"{held} in the window", nothing_finished=True)
+            seconds = stuck
+        elif not (served or 0) > 0 and not (requests or 0) > 0:
+            return RoleLoad("idle", "no traffic")
+    prompts = signals.prompt_tokens_per_second.rate_or_zero()
+    mean_prompt = prompts / requests if prompts and requests else None
+    demand = served
+    if role == "prefill" and demand is not None and waiting and mean_prompt:
+        # Waiting requests already miss the TTFT target; clearing them within one SLO window
+        # brings the percentile back, without sizing for a burst that is already over.
+        demand += waiting * mean_prompt / spec.slo.window_seconds
+    pressure = None
+    usage = signals.kv_cache_usage.rate_or_zero()
+    if role == "decode" and usage is not None:
+        # Requests waiting for KV room need cache on top of what the running ones hold.
+        pressure = usage * (1 + waiting / running) if waiting and running else usage
+    ratio = seconds / (target.target_milliseconds / 1000) if seconds is not None else None
+    words = [f"{name} {ratio:.2f}x target" if ratio is not None else f"no {name} sample"]
+    if latency.value is None and seconds is not None:
+        words[0] += f" (nothing finished for {seconds:.0f}s)"
+    if demand is not None:
+        words.append(f"demand {demand:,.0f} tokens/s")
+    if role == "decode" and usage is not None:
+        words.append(f"KV cache {usage:.0%} used")
+    if waiting:
+        words.append(f"{waiting:.0f} waiting")
+    return RoleLoad(
+        "active",
+        ", ".join(words),
+        latency_ratio=ratio,
+        served_tokens_per_second=served,
+        demand_tokens_per_second=demand,
+        memory_pressure=pressure,
+        mean_prompt_tokens=mean_prompt,
+        nothing_finished=latency.value is None and seconds is not None,
+    )
+
+
+@dataclass(frozen=True)
+class Need:
+    """The capacity a role should grow to, or may shrink to (capacity units)."""
+
+    grow_to: float | None  # None: no term calls for more than the role has
+    shrink_to: float | None  # None: no shrinking (a term holds, or the demand is unknown)
+    probe: bool  # no prediction allows shrinking, but one replica less may be tried
+    demand_unknown: bool  # shrinking was blocked only because the demand could not be read
+
+
+def role_need(
+    load: RoleLoad,
+    capacity: RoleCapacity,
+    ready_capacity: float,
+    placeable_capacity: float,
+    smaller_capacity: float,
+) -> Need:
+    """Apply the control law to one active role.
+
+    `ready_capacity` is what the Ready replicas offer (it produced the latency);
+    `placeable_capacity` adds the replicas still starting, which count as coming capacity;
+    `smaller_capacity` is what would be left with one replica less.
+    """
+    grow: list[float] = []
+    floors: list[float] = []
+    ratio = load.latency_ratio
+    if ratio is not None:
+        if ratio > BREACH_RATIO and ready_capacity > 0:
+            grow.append(ready_capacity * min(ratio, MAX_FEEDBACK_GAIN))
+        if ratio >= HOLD_RATIO:
+            floors.append(placeable_capacity)
+    demand = load.demand_tokens_per_second
+    predictable = demand is not None and capacity.basis is not None
+    if demand is not None and capacity.basis is not None:
+        if capacity.basis != "lower-bound":  # a lower bound would over-provision on the way up
+            grow.append(demand / TARGET_UTILISATION)
+        floors.append(demand / SCALE_DOWN_UTILISATION)
+    pressure = load.memory_pressure
+    if pressure is not None and ready_capacity > 0:
+        grow.append(ready_capacity * pressure / KV_TARGET)
+        floors.append(ready_capacity * pressure / KV_SCALE_DOWN)
+    wanted = max(grow, default=0.0)
+    floor = max(floors, default=0.0)
+    grow_to = wanted if wanted > placeable_capacity * (1 + EPSILON) else None
+    shrink_to = floor if predictable and floor < placeable_capacity * (1 - EPSILON) else None
+    quiet = ratio is not None and ratio < PROBE_RATIO
+    roomy = pressure is None or pressure < KV_SCALE_DOWN
+    return Need(
+        grow_to=grow_to,
+        shrink_to=shrink_to,
+        probe=grow_to is None
+        and shrink_to is None
+        and capacity.basis == "lower-bound"
+        and demand is not None
+        and demand <= MAX_PROBE_LOAD * smaller_capacity
+        and quiet
+        and roomy,
+        demand_unknown=demand is None and (ratio is None or ratio < HOLD_RATIO),
+    )
+
+
+def backlogged(load: RoleLoad) -> bool:
+    """Decode shows a KV backlog: cache near full (or requests waiting for it), or ITL breached."""
+    pressure, ratio = load.memory_pressure, load.latency_ratio
+    return (pressure is not None and pressure >= KV_TARGET) or (
+        ratio is not None and ratio > BREACH_RATIO
+    )

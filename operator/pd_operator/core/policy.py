@@ -1,0 +1,410 @@
+"""The autoscaler's decision for one PDDeployment and one interval: one pure call.
+
+`decide(spec, observation, state, now)` is what the operator loop and the offline simulator both
+call. It reads the signals (`core.control_law`), corrects each pool's capacity estimate
+(`core.learning`), turns each role's need into replicas per pool (`core.allocation`) within the
+free capacity (`core.capacity`), and returns the replicas with the reason, what limited them,
+and the policy's new memory. The rules and their reasons are in docs/autoscaling.md.
+"""
+
+import time
+from dataclasses import dataclass, field, replace
+
+from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
+from pd_operator.api.status import LimitedBy
+from pd_operator.core.allocation import (
+    RatioRepair,
+    Slot,
+    ceiling,
+    grow,
+    one_less,
+    ratio_percent,
+    record,
+    repair_ratio,
+    shrink,
+    stabilize,
+    step_limit,
+)
+from pd_operator.core.capacity import FreeCapacity
+from pd_operator.core.control_law import RoleLoad, backlogged, read_load, role_need
+from pd_operator.core.decision import Decision, Observation, PoolDecision, PoolObservation
+from pd_operator.core.learning import (
+    DEFAULT_PROMPT_TOKENS,
+    RoleCapacity,
+    estimate_capacity,
+    seed_load_seconds,
+)
+from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory, pool_key
+
+__all__ = ["Decision", "Observation", "PoolDecision", "PoolObservation", "decide"]
+
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+# Decode decides first: it claims shared nodes first, and prefill must know whether decode
+# can still grow before it pushes more KV cache at it.
+DECISION_ORDER: tuple[Role, Role] = ("decode", "prefill")
+# During warm-up, a breach (or demand) this much above the one that triggered the last
+# scale-up justifies another scale-up before the new replicas are Ready.
+WORSE_FACTOR = 1.2
+# Scale-up to Ready before any was observed, when the profiles cannot tell. Assumption: large
+# models take minutes to load and warm up.
+DEFAULT_LOAD_SECONDS = 300.0
+LOAD_EMA_WEIGHT = 0.5
+# What limited a pool's recommendation before the windows and steps, in words.
+RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
+    "capacity": "no room on the nodes for more",
+    "bounds": "at max",
+    "metrics": "demand unreadable: not scaling down",
+}
+# Which limit names a whole decision when pools were limited by different things.
+LIMIT_PRIORITY: tuple[LimitedBy, ...] = ("metrics", "capacity", "ratio", "warmup", "bounds", "rate")
+
+
+@dataclass
+class _Pool:
+    """One pool while deciding: scratch state local to one `decide` call."""
+
+    role: Role
+    spec: PoolSpec
+    seen: PoolObservation
+    memory: PoolMemory
+    placeable: int = 0
+    weight: float = 1.0
+    raw: int = 0
+    value: int = 0
+    limited_by: LimitedBy = "none"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def current(self) -> int:
+        return self.seen.replicas
+
+    def slot(self) -> Slot:
+        blocked = self.seen.unschedulable > 0
+        return Slot(self.spec, self.current, self.placeable, self.weight, blocked)
+
+    def move(self, value: int, why: LimitedBy, note: str) -> None:
+        if value != self.value:
+            self.value, self.limited_by = value, why
+            self.notes.append(note)
+
+
+def _clamp(pool: PoolSpec, value: int) -> int:
+    return max(pool.replicas.min, min(pool.replicas.max, value))
+
+
+def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | None:
+    """Room for pods that exist but are not bound yet, so it is not promised again."""
+    for pool in pools:
+        seen = pool.seen
+        scheduled = seen.replicas - seen.unschedulable if seen.scheduled is None else seen.scheduled
+        waiting = max(0, seen.replicas - scheduled)
+        if ledger is None:
+            pool.placeable = seen.replicas - seen.unschedulable
+            continue
+        fitting = min(waiting, ledger.fits(pool.spec))
+        ledger = ledger.take(pool.spec, fitting)
+        pool.placeable = scheduled + fitting
+    return ledger
+
+
+def _capacity(
+    spec: PDDeploymentSpec, role: Role, state: PolicyState, load: RoleLoad, pools: list[_Pool]
+) -> RoleCapacity:
+    remembered = {
+        p.spec.name: p.memory.capacity_per_replica
+        for p in pools
+        if p.memory.capacity_per_replica is not None
+    }
+    prompt = load.mean_prompt_tokens or min(
+        spec.model.context_length or DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS
+    )
+    active = load.status == "active"
+    return estimate_capacity(
+        spec,
+        role,
+        remembered=remembered,
+        basis=state.role(role).capacity_basis,
+        ready={p.spec.name: p.seen.ready for p in pools},
+        served_tokens_per_second=load.served_tokens_per_second if active else None,
+        latency_ratio=load.latency_ratio if active else None,
+        prompt_tokens=max(1, round(prompt)),
+    )
+
+
+def _warm_up_gate(pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float) -> bool:
+    """True while replicas of an earlier scale-up are still loading and the breach is not worse."""
+    warming = any(
+        p.memory.ready_by is not None and now < p.memory.ready_by and p.seen.ready < p.placeable
+        for p in pools
+    )
+    pairs = (
+        (load.latency_ratio, memory.latency_ratio_at_scale_up),
+        (load.demand_tokens_per_second, memory.demand_at_scale_up),
+    )
+    worse = any(n is not None and t is not None and n > t * WORSE_FACTOR for n, t in pairs)
+    return warming and not worse
+
+
+def _decide_role(
+    spec: PDDeploymentSpec,
+    pools: list[_Pool],
+    load: RoleLoad,
+    *,
+    capacity: RoleCapacity,
+    gates: tuple[bool, LimitedBy | None],
+    ledger: FreeCapacity | None,
+    now: float,
+) -> tuple[FreeCapacity | None, LimitedBy | None]:
+    """Set every pool's value; return the ledger after it and whether the role fell short."""
+    if load.status in ("unavailable", "stuck"):
+        for pool in pools:
+            pool.raw = pool.value = pool.current
+            pool.limited_by = "metrics"
+            pool.move(_clamp(pool.spec, pool.current), "bounds", "outside min/max")
+        return ledger, None
+    slots = [p.slot() for p in pools]
+    raw = {p.spec.name: p.placeable for p in pools}
+    limits: dict[str, LimitedBy] = {}
+    short: LimitedBy | None = None
+    if load.status == "idle":
+        raw = {p.spec.name: p.spec.replicas.min for p in pools}
+    else:
+        ready = sum(min(p.seen.ready, p.placeable) * p.weight for p in pools)
+        placeable = sum(s.placeable * s.weight for s in slots)
+        need = role_need(load, capacity, ready, placeable, one_less(slots))
+        if need.grow_to is not None:
+            allocation = grow(slots, need.grow_to, ledger)
+            raw, limits, short = allocation.replicas, allocation.limits, allocation.short
+        elif need.shrink_to is not None:
+            raw = shrink(slots, need.shrink_to)
+        elif need.probe:
+            raw = shrink(slots, one_less(slots))
+        elif need.demand_unknown:
+            limits = {p.spec.name: "metrics" for p in pools if p.current > p.spec.replicas.min}
+    warming, decode_short = gates
+    scaling = spec.scaling
+    for pool in pools:
+        pool.raw = _clamp(pool.spec, raw[pool.spec.name])
+        pool.value, pool.limited_by = pool.raw, limits.get(pool.spec.name, "none")
+        if pool.limited_by != "none":
+            pool.notes.append(RAW_LIMIT_NOTES[pool.limited_by])
+        pool.move(
+            stabilize(
+                pool.current,
+                pool.raw,
+                runs=pool.memory.recommendations,
+                now=now,
+                up_seconds=scaling.scale_up.stabilization_seconds,
+                down_seconds=scaling.scale_down.stabilization_seconds,
+                since=pool.memory.since,
+            ),
+            "rate",
+            "stabilization window",
+        )
+        up, down = scaling.scale_up.max_step_replicas, scaling.scale_down.max_step_replicas
+        pool.move(step_limit(pool.current, pool.value, up, down), "rate", "step limit")
+        if warming and pool.value > pool.current:
+            pool.move(pool.current, "warmup", "replicas of the last scale-up are still loading")
+        if decode_short and pool.value > pool.current:
+            pool.move(pool.current, decode_short, "decode cannot grow: not adding prefill")
+        room = ceiling(pool.slot(), pool.placeable, ledger) if ledger is not None else None
+        if room is not None and pool.value > room:
+            pool.move(room, "capacity", f"room for {room} only")
+        pool.move(_clamp(pool.spec, pool.value), "bounds", "min/max")
+        if ledger is not None and pool.value > pool.placeable:
+            ledger = ledger.take(pool.spec, pool.value - pool.placeable)
+    return ledger, short
+
+
+def _apply_ratio(
+    spec: PDDeploymentSpec,
+    work: dict[Role, list[_Pool]],
+    loads: dict[Role, RoleLoad],
+    ledger: FreeCapacity | None,
+) -> str:
+    """Apply the prefill:decode guardrail; a note when it stays violated."""
+    guard = spec.scaling.prefill_to_decode_ratio
+    if guard is None:
+        return ""
+    held = {r for r in ROLES if loads[r].status in ("unavailable", "stuck")}
+    movable = {r: [] if r in held else work[r] for r in ROLES}
+    fixed = tuple(sum(p.value for p in work[r]) if r in held else 0 for r in ROLES)
+    repaired = repair_ratio(
+        guard,
+        prefill=[p.slot() for p in movable["prefill"]],
+        decode=[p.slot() for p in movable["decode"]],
+        values=RatioRepair(
+            {p.spec.name: p.value for p in movable["prefill"]},
+            {p.spec.name: p.value for p in movable["decode"]},
+        ),
+        fixed=(fixed[0], fixed[1]),
+        up_step=spec.scaling.scale_up.max_step_replicas,
+        ledger=ledger,
+    )
+    for role, values in zip(ROLES, (repaired.prefill, repaired.decode), strict=True):
+        for pool in movable[role]:
+            pool.move(values[pool.spec.name], "ratio", "prefill:decode ratio guardrail")
+    percent = ratio_percent(*(sum(p.value for p in work[r]) for r in ROLES))
+    if guard.min_percent <= percent <= guard.max_percent:
+        return ""
+    return f"prefill:decode {percent:.0f}% outside [{guard.min_percent}, {guard.max_percent}]%"
+
+
+def _warm_up(spec: PDDeploymentSpec, pool: _Pool, now: float) -> PoolMemory:
+    """The pool's warm-up memory after this decision; learns the load time when it can."""
+    memory = pool.memory
+    if pool.value > pool.current:
+        expected = memory.load_seconds or seed_load_seconds(spec, pool.spec) or DEFAULT_LOAD_SECONDS
+        return PoolMemory(
+            load_seconds=memory.load_seconds,
+            scaled_up_at=now,
+            scaled_up_to=pool.value,
+            ready_by=now + expected,
+        )
+    target, since = memory.scaled_up_to, memory.scaled_up_at
+    if target is None or since is None or pool.current < target:
+        # Nothing loading, or the scale-up was never applied (Advisory) or was undone.
+        return PoolMemory(load_seconds=memory.load_seconds)
+    if pool.seen.ready < target:
+        return replace(memory, recommendations=())
+    took = now - since
+    if memory.load_seconds is not None:
+        took = LOAD_EMA_WEIGHT * took + (1 - LOAD_EMA_WEIGHT) * memory.load_seconds
+    return PoolMemory(load_seconds=took)
+
+
+def _remember(
+    spec: PDDeploymentSpec,
+    state: PolicyState,
+    work: dict[Role, list[_Pool]],
+    *,
+    loads: dict[Role, RoleLoad],
+    capacities: dict[Role, RoleCapacity],
+    now: float,
+) -> PolicyState:
+    keep = max(
+        spec.scaling.scale_up.stabilization_seconds, spec.scaling.scale_down.stabilization_seconds
+    )
+    pools: dict[str, PoolMemory] = {}
+    roles: dict[str, RoleMemory] = {}
+    for role in ROLES:
+        load, capacity, old = loads[role], capacities[role], state.role(role)
+        for pool in work[role]:
+            pools[pool_key(role, pool.spec.name)] = replace(
+                _warm_up(spec, pool, now),
+                recommendations=record(pool.memory.recommendations, now, pool.raw, keep),
+                since=now if pool.memory.since is None else pool.memory.since,
+                capacity_per_replica=(
+                    capacity.per_replica[pool.spec.name] if capacity.basis else None
+                ),
+            )
+        grew = any(p.value > p.current for p in work[role])
+        roles[role] = RoleMemory(
+            capacity_basis=capacity.basis,
+            latency_ratio_at_scale_up=load.latency_ratio if grew else old.latency_ratio_at_scale_up,
+            demand_at_scale_up=(load.demand_tokens_per_second if grew else old.demand_at_scale_up),
+            no_traffic_since=_since(old.no_traffic_since, now, load.status == "idle"),
+            unavailable_since=_since(old.unavailable_since, now, load.status == "unavailable"),
+            stuck_since=_since(old.stuck_since, now, load.nothing_finished),
+        )
+    return PolicyState(pools=pools, roles=roles)
+
+
+def _since(old: float | None, now: float, still: bool) -> float | None:
+    return (now if old is None else old) if still else None
+
+
+def _role_words(
+    role: Role, pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float
+) -> str:
+    since = {"idle": memory.no_traffic_since, "unavailable": memory.unavailable_since}.get(
+        load.status
+    )
+    # "since <time>", not "for N s": the reason lands in status, and a text that changes every
+    # cycle would cost a status write every cycle.
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)) if since is not None else ""
+    note = load.note + (f" since {stamp}" if stamp else "")
+    moves = [f"{p.spec.name} {p.current}->{p.value}" for p in pools if p.value != p.current]
+    limits = sorted({p.limited_by for p in pools} - {"none"})
+    limited = f" limited by {', '.join(limits)}" if limits else ""
+    return f"{role}: {', '.join(moves) or 'hold'}{limited} ({note})"
+
+
+def decide(
+    spec: PDDeploymentSpec, observation: Observation, state: PolicyState, now: float
+) -> Decision | None:
+    """Desired replicas of every pool for this interval; None when scaling is Disabled.
+
+    Advisory decides exactly as Active: the caller records the decision and does not apply it.
+    """
+    if spec.scaling.mode == "Disabled":
+        return None
+    work = {
+        role: [
+            _Pool(
+                role,
+                pool,
+                observation.pools.get((role, pool.name), PoolObservation(pool.replicas.min)),
+                state.pool(role, pool.name),
+            )
+            for pool in spec.pools(role)
+        ]
+        for role in ROLES
+    }
+    ledger = _reserve([p for role in DECISION_ORDER for p in work[role]], observation.capacity)
+    loads = {
+        role: read_load(
+            spec, role, observation.signals.get(role), now, state.role(role).stuck_since
+        )
+        for role in ROLES
+    }
+    capacities = {role: _capacity(spec, role, state, loads[role], work[role]) for role in ROLES}
+    for role in ROLES:
+        for pool in work[role]:
+            pool.weight = capacities[role].per_replica[pool.spec.name]
+    decode_short: LimitedBy | None = None
+    for role in DECISION_ORDER:
+        gates = (
+            _warm_up_gate(work[role], loads[role], state.role(role), now),
+            decode_short if role == "prefill" else None,
+        )
+        ledger, short = _decide_role(
+            spec,
+            work[role],
+            loads[role],
+            capacity=capacities[role],
+            gates=gates,
+            ledger=ledger,
+            now=now,
+        )
+        grew = any(p.value > p.current for p in work[role])
+        if role == "decode" and backlogged(loads[role]) and not grew:
+            decode_short = short  # decode is full: more prefill would only queue KV at it
+    ratio_note = _apply_ratio(spec, work, loads, ledger)
+    new_state = _remember(spec, state, work, loads=loads, capacities=capacities, now=now)
+    words = [_role_words(r, work[r], loads[r], new_state.role(r), now) for r in ROLES]
+    details = tuple(
+        PoolDecision(
+            role=pool.role,
+            pool=pool.spec.name,
+            current_replicas=pool.current,
+            ready_replicas=pool.seen.ready,
+            desired_replicas=pool.value,
+            limited_by=pool.limited_by,
+            reason="; ".join([loads[pool.role].note, *pool.notes]),
+            capacity_per_replica=new_state.pool(pool.role, pool.spec.name).capacity_per_replica,
+        )
+        for role in ROLES
+        for pool in work[role]
+    )
+    limits = {d.limited_by for d in details}
+    if ratio_note:
+        limits.add("ratio")
+    return Decision(
+        time=now,
+        replicas={(d.role, d.pool): d.desired_replicas for d in details},
+        pools=details,
+        reason="; ".join(filter(None, [*words, ratio_note])),
+        limited_by=next((limit for limit in LIMIT_PRIORITY if limit in limits), "none"),
+        state=new_state,
+    )

@@ -1,0 +1,120 @@
+"""The autoscaler's memory between decisions: small, plain data that the caller stores.
+
+`decide` takes a `PolicyState` and returns a new one; nothing is kept in process memory, so an
+operator restart (or the offline simulator) resumes exactly where the last decision left off.
+`to_dict`/`from_dict` give a JSON-ready form, e.g. for an annotation.
+"""
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, get_args
+
+from pd_operator.api.spec import Role
+
+# How a pool's capacity estimate was obtained. "lower-bound": only seen while latency was well
+# under target, so the true capacity is at least this; it may justify scaling down, never up.
+CapacityBasis = Literal["profile", "observed", "lower-bound"]
+
+
+def pool_key(role: Role, pool: str) -> str:
+    """The state key of a pool, e.g. "decode/h200"."""
+    return f"{role}/{pool}"
+
+
+@dataclass(frozen=True)
+class PoolMemory:
+    """What the policy remembers about one pool."""
+
+    # Recommended replicas before stabilization, for the windows: runs of equal values as
+    # (first, last decision time in unix seconds, replicas), oldest first.
+    recommendations: tuple[tuple[float, float, int], ...] = ()
+    # When the policy first decided for this pool: before a full scale-down window has been
+    # seen, the window is not known to hold only lower recommendations.
+    since: float | None = None
+    # Tokens per second one replica serves within the SLO (prompt tokens for prefill,
+    # generated tokens for decode); None until seeded or learned.
+    capacity_per_replica: float | None = None
+    load_seconds: float | None = None  # scale-up to Ready, learned from past scale-ups
+    # The last up-decision whose replicas are not all Ready yet: when, to how many, and when
+    # they are expected to be Ready.
+    scaled_up_at: float | None = None
+    scaled_up_to: int | None = None
+    ready_by: float | None = None
+
+
+@dataclass(frozen=True)
+class RoleMemory:
+    """What the policy remembers about one role."""
+
+    capacity_basis: CapacityBasis | None = None
+    latency_ratio_at_scale_up: float | None = None  # observed/target at the last up-decision
+    demand_at_scale_up: float | None = None  # tokens/s at the last up-decision
+    no_traffic_since: float | None = None
+    unavailable_since: float | None = None
+    stuck_since: float | None = None  # requests held, none finished
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The policy's memory for one PDDeployment."""
+
+    pools: Mapping[str, PoolMemory] = field(default_factory=dict)
+    roles: Mapping[str, RoleMemory] = field(default_factory=dict)
+
+    def pool(self, role: Role, name: str) -> PoolMemory:
+        """The memory of a pool (empty when new)."""
+        return self.pools.get(pool_key(role, name), PoolMemory())
+
+    def role(self, role: Role) -> RoleMemory:
+        """The memory of a role (empty when new)."""
+        return self.roles.get(role, RoleMemory())
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form."""
+        return {
+            "pools": {key: asdict(memory) for key, memory in sorted(self.pools.items())},
+            "roles": {key: asdict(memory) for key, memory in sorted(self.roles.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PolicyState":
+        """Read `to_dict`'s form back; unknown keys are ignored, bad values raise ValueError."""
+        try:
+            pools = {
+                str(key): _pool_memory(value) for key, value in (data.get("pools") or {}).items()
+            }
+            roles = {
+                str(key): _role_memory(value) for key, value in (data.get("roles") or {}).items()
+            }
+        except (TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"unreadable policy state: {error}") from error
+        return cls(pools=pools, roles=roles)
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a number: {value!r}")
+    return float(value)
+
+
+def _pool_memory(data: Mapping[str, Any]) -> PoolMemory:
+    known = {f.name for f in fields(PoolMemory)} - {"recommendations", "scaled_up_to"}
+    values = {name: _number(data.get(name)) for name in known}
+    history = tuple(
+        (float(first), float(last), int(replicas))
+        for first, last, replicas in data.get("recommendations") or ()
+    )
+    target = data.get("scaled_up_to")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, int)):
+        raise ValueError(f"not a replica count: {target!r}")
+    return PoolMemory(recommendations=history, scaled_up_to=target, **values)
+
+
+def _role_memory(data: Mapping[str, Any]) -> RoleMemory:
+    basis = data.get("capacity_basis")
+    if basis is not None and basis not in get_args(CapacityBasis):
+        raise ValueError(f"unknown capacity basis {basis!r}")
+    known = {f.name for f in fields(RoleMemory)} - {"capacity_basis"}
+    return RoleMemory(capacity_basis=basis, **{name: _number(data.get(name)) for name in known})

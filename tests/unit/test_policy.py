@@ -1,0 +1,1130 @@
+"""The autoscaling policy: every rule as a table test, and properties under a simple plant model."""
+
+import copy
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pd_operator.api import parse_pddeployment
+from pd_operator.api.spec import PDDeploymentSpec, Role
+from pd_operator.core.capacity import FreeCapacity, free_capacity
+from pd_operator.core.learning import seed_capacity, seed_load_seconds
+from pd_operator.core.observe import NodeSummary
+from pd_operator.core.policy import Decision, Observation, PoolObservation, decide
+from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory
+from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
+from pdcases import minimal
+
+T0 = 1_000_000.0
+INTERVAL = 30.0
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+
+
+def spec_of(changes: dict[str, Any] | None = None) -> PDDeploymentSpec:
+    """The minimal PDDeployment (TTFT 1 s, ITL 20 ms, pools p and d, 1..10) with changes."""
+    document = minimal()
+    for path, value in (changes or {}).items():
+        node = document["spec"]
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        node[int(last) if last.isdigit() else last] = copy.deepcopy(value)
+    return parse_pddeployment(document).spec
+
+
+SPEC = spec_of()
+PROFILED = spec_of(
+    {
+        "model.name": "zai-org/GLM-4.5-FP8",
+        "prefill.pools.0.accelerator": {
+            "resourceName": "mthreads.com/gpu",
+            "perReplica": 8,
+            "profile": "mtt-s5000",
+        },
+        "decode.pools.0.accelerator": {
+            "resourceName": "nvidia.com/gpu",
+            "perReplica": 8,
+            "profile": "h200",
+        },
+        "slo.ttft.targetMilliseconds": 6000,
+    }
+)
+
+
+def on_nodes(group: str) -> dict[str, Any]:
+    """An accelerator of 8 cards per replica on the nodes labelled g=`group`."""
+    return {"resourceName": "g/pu", "perReplica": 8, "nodeSelector": {"g": group}}
+
+
+TWO_PREFILL_POOLS = spec_of(
+    {
+        "prefill.pools": [
+            {"name": "a", "accelerator": on_nodes("a")},
+            {"name": "b", "accelerator": on_nodes("b"), "replicas": {"min": 0, "max": 10}},
+        ],
+        "decode.pools.0.accelerator": on_nodes("d"),
+    }
+)
+
+
+def target_seconds(spec: PDDeploymentSpec, role: Role) -> float:
+    return (spec.slo.ttft if role == "prefill" else spec.slo.itl).target_milliseconds / 1000
+
+
+def signals(
+    spec: PDDeploymentSpec,
+    role: Role,
+    now: float,
+    *,
+    ratio: float | None = None,
+    tokens: float | None = None,
+    queue: float = 0.0,
+    running: float = 0.0,
+    kv: float = 0.3,
+) -> RoleSignals:
+    """One role's signals: latency at `ratio` x target, `tokens`/s of work, 1000-token prompts."""
+    latency = NO_TRAFFIC if ratio is None else Reading.of(ratio * target_seconds(spec, role))
+    work = NO_TRAFFIC if not tokens else Reading.of(tokens)
+    common: dict[str, Any] = {
+        "sample_time": now,
+        "queue_depth": Reading.of(queue),
+        "running_requests": Reading.of(running),
+        "requests_per_second": Reading.of((tokens or 0) / 1000) if tokens else NO_TRAFFIC,
+        "prompt_tokens_per_second": work,
+    }
+    if role == "prefill":
+        return RoleSignals(ttft_seconds=latency, **common)
+    return RoleSignals(
+        itl_seconds=latency,
+        generation_tokens_per_second=work,
+        kv_cache_usage=Reading.of(kv),
+        **common,
+    )
+
+
+def observe(
+    spec: PDDeploymentSpec,
+    now: float,
+    replicas: dict[tuple[Role, str], int | PoolObservation],
+    capacity: FreeCapacity | None = None,
+    **per_role: dict[str, Any],
+) -> Observation:
+    """Signals from `per_role` (kwargs of `signals`; a role left out is healthy and idle-ish),
+    replicas as counts (all Ready) or PoolObservations."""
+    pools = {
+        key: value if isinstance(value, PoolObservation) else PoolObservation(value, value)
+        for key, value in replicas.items()
+    }
+    healthy = {"ratio": 0.6, "tokens": 300.0}
+    return Observation(
+        {role: signals(spec, role, now, **per_role.get(role, healthy)) for role in ROLES},
+        pools,
+        capacity,
+    )
+
+
+def calibrated(
+    spec: PDDeploymentSpec, per_replica: dict[Role, float], since: float | None = None
+) -> PolicyState:
+    """A state whose capacity estimates are calibrated (as after running near the SLO)."""
+    pools = {
+        f"{role}/{pool.name}": PoolMemory(capacity_per_replica=per_replica[role], since=since)
+        for role in ROLES
+        for pool in spec.pools(role)
+    }
+    return PolicyState(pools, {role: RoleMemory(capacity_basis="observed") for role in ROLES})
+
+
+def replicas(decision: Decision | None, role: Role = "prefill", pool: str = "p") -> int:
+    assert decision is not None
+    return decision.replicas[(role, pool)]
+
+
+def limit(decision: Decision | None, role: Role = "prefill", pool: str = "p") -> str:
+    assert decision is not None
+    return next(d.limited_by for d in decision.pools if (d.role, d.pool) == (role, pool))
+
+
+def gpu_nodes(**groups: int) -> FreeCapacity:
+    """A ledger of 8-card nodes: `a=2` is two free nodes labelled g=a."""
+    nodes = [
+        NodeSummary(f"{group}{i}", {"g": group}, (), {"g/pu": "8"}, ready=True)
+        for group, count in groups.items()
+        for i in range(count)
+    ]
+    return free_capacity(nodes, [])
+
+
+# ---------------------------------------------------------------- feedback and feed-forward
+
+
+@pytest.mark.parametrize("breached", ROLES)
+def test_a_breached_role_grows_and_the_other_holds(breached):
+    other = "decode" if breached == "prefill" else "prefill"
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 2},
+        **{breached: {"ratio": 1.5, "tokens": 2000.0}, other: {"ratio": 0.6, "tokens": 2000.0}},
+    )
+    decision = decide(SPEC, observation, PolicyState(), T0)
+    pool = "p" if breached == "prefill" else "d"
+    assert replicas(decision, breached, pool) > 2
+    assert replicas(decision, other, "d" if pool == "p" else "p") == 2
+
+
+@pytest.mark.parametrize(
+    ("ratio", "grows"), [(0.8, False), (0.9, False), (1.1, False), (1.15, True)]
+)
+def test_feedback_alone_acts_only_outside_its_dead_band(ratio, grows):
+    # Demand unreadable: the latency loop is all there is; within +-10% of the target it holds.
+    state, now = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}), T0
+    base = observe(SPEC, now, {("prefill", "p"): 3, ("decode", "d"): 1})
+    for _ in range(12):
+        blind = RoleSignals(
+            now, ttft_seconds=Reading.of(ratio), prompt_tokens_per_second=unavailable("timeout")
+        )
+        observation = Observation({**base.signals, "prefill": blind}, base.pools)
+        decision = decide(SPEC, observation, state, now)
+        assert decision is not None
+        assert (replicas(decision) > 3) is grows
+        state, now = decision.state, now + INTERVAL
+
+
+def test_demand_from_the_hardware_profile_scales_up_before_the_slo_breaks():
+    per_replica = seed_capacity(PROFILED, "prefill", PROFILED.prefill.pools[0], 1000)
+    assert per_replica is not None
+    observation = observe(
+        PROFILED,
+        T0,
+        {("prefill", "p"): 3, ("decode", "d"): 1},
+        prefill={"ratio": 0.8, "tokens": 2.9 * per_replica},
+    )
+    decision = decide(PROFILED, observation, PolicyState(), T0)
+    assert replicas(decision) == 4  # 2.9 replicas of work need 3.6 at 80% utilisation
+    assert decision is not None and decision.state.role("prefill").capacity_basis == "profile"
+
+
+def test_without_a_profile_capacity_is_learned_from_throughput_near_the_target():
+    state, now = PolicyState(), T0
+    for _ in range(30):
+        observation = observe(
+            SPEC,
+            now,
+            {("prefill", "p"): 3, ("decode", "d"): 1},
+            prefill={"ratio": 1.0, "tokens": 3000.0},
+        )
+        decision = decide(SPEC, observation, state, now)
+        assert decision is not None
+        state, now = decision.state, now + INTERVAL
+    learned = state.pool("prefill", "p").capacity_per_replica
+    assert learned == pytest.approx(1000.0, rel=0.01)
+    assert state.role("prefill").capacity_basis == "observed"
+
+
+def test_a_breach_cuts_an_optimistic_estimate_and_low_latency_raises_a_pessimistic_one():
+    optimistic = calibrated(SPEC, {"prefill": 5000.0, "decode": 500.0})
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 1},
+        prefill={"ratio": 2.0, "tokens": 2000.0},
+    )
+    cut = decide(SPEC, observation, optimistic, T0)
+    assert cut is not None
+    assert cut.state.pool("prefill", "p").capacity_per_replica == pytest.approx(2000 / 2 / 1.25)
+    pessimistic = calibrated(SPEC, {"prefill": 100.0, "decode": 500.0})
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 1},
+        prefill={"ratio": 0.5, "tokens": 2000.0},
+    )
+    raised = decide(SPEC, observation, pessimistic, T0)
+    assert raised is not None
+    assert raised.state.pool("prefill", "p").capacity_per_replica == pytest.approx(1000.0)
+
+
+def test_a_prefill_queue_adds_to_the_demand():
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
+    quiet, queued = (
+        decide(
+            SPEC,
+            observe(
+                SPEC,
+                T0,
+                {("prefill", "p"): 2, ("decode", "d"): 1},
+                prefill={"ratio": 0.8, "tokens": 1500.0, "queue": queue},
+            ),
+            state,
+            T0,
+        )
+        for queue in (0.0, 120.0)
+    )
+    assert replicas(quiet) == 2
+    # 120 waiting x 1000 tokens drained over the 60 s window: +2000 tokens/s.
+    assert replicas(queued) == 5
+
+
+@pytest.mark.parametrize(("kv", "expected"), [(0.5, 2), (0.79, 2), (0.95, 3)])
+def test_decode_grows_on_kv_cache_usage_even_when_itl_holds(kv, expected):
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 1, ("decode", "d"): 2},
+        decode={"ratio": 0.7, "tokens": 400.0, "kv": kv},
+    )
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
+    assert replicas(decide(SPEC, observation, state, T0), "decode", "d") == expected
+
+
+def test_requests_waiting_for_kv_room_count_as_kv_demand():
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 1, ("decode", "d"): 2},
+        decode={"ratio": 0.7, "tokens": 400.0, "kv": 0.7, "running": 40.0, "queue": 20.0},
+    )
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(SPEC, observation, state, T0)
+    assert replicas(decision, "decode", "d") == 3  # 0.7 x 60/40 = 1.05 of the cache: +1
+
+
+# ---------------------------------------------------------------- scale-down and hysteresis
+
+
+def run(
+    spec: PDDeploymentSpec,
+    state: PolicyState,
+    start: dict[tuple[Role, str], int],
+    steps: int,
+    **per_role: dict[str, Any],
+) -> list[Decision]:
+    """Decide every INTERVAL with fixed signals, applying each decision (pods Ready at once)."""
+    now, current, decisions = T0, dict(start), []
+    for _ in range(steps):
+        decision = decide(spec, observe(spec, now, dict(current), **per_role), state, now)
+        assert decision is not None
+        decisions.append(decision)
+        current.update(decision.replicas)
+        state, now = decision.state, now + INTERVAL
+    return decisions
+
+
+def test_scale_down_waits_for_the_window_and_moves_one_step_at_a_time():
+    # 5 replicas of 1000 tokens/s each serve 1000 tokens/s: 2 would hold it at <= 70%.
+    decisions = run(
+        SPEC,
+        calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}),
+        {("prefill", "p"): 5, ("decode", "d"): 1},
+        20,
+        prefill={"ratio": 0.3, "tokens": 1000.0},
+    )
+    sizes = [d.role_replicas("prefill") for d in decisions]
+    window = SPEC.scaling.scale_down.stabilization_seconds // INTERVAL
+    assert sizes[: int(window)] == [5] * int(window)
+    assert sizes[int(window) : int(window) + 4] == [4, 3, 2, 2]
+    assert sizes[-1] == 2
+    assert limit(decisions[0]) == "rate"
+
+
+def test_no_scale_down_when_the_smaller_size_would_breach():
+    # 2 x 1000 tokens/s serve 1500: one replica would run at 150%.
+    decisions = run(
+        SPEC,
+        calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}),
+        {("prefill", "p"): 2, ("decode", "d"): 1},
+        40,
+        prefill={"ratio": 0.4, "tokens": 1500.0},
+    )
+    assert {d.role_replicas("prefill") for d in decisions} == {2}
+
+
+def test_scale_down_removes_from_the_least_preferred_pool_first():
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decisions = run(
+        TWO_PREFILL_POOLS,
+        state,
+        {("prefill", "a"): 3, ("prefill", "b"): 2, ("decode", "d"): 1},
+        14,
+        prefill={"ratio": 0.3, "tokens": 1000.0},
+    )
+    last = decisions[-1].replicas
+    assert (last[("prefill", "a")], last[("prefill", "b")]) == (2, 0)
+    first_moves = [d.replicas[("prefill", "b")] for d in decisions[10:12]]
+    assert first_moves == [1, 0]
+
+
+def test_a_load_at_the_boundary_does_not_flap_between_two_and_one():
+    # Plant: latency follows load; demand wobbles +-5% around 80% of one replica's capacity.
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
+    current, now, sizes = 1, T0, []
+    for step in range(60):
+        demand = 800.0 * (1.05 if step % 2 else 0.95)
+        ratio = plant_latency_ratio(demand / (current * 1000.0))
+        observation = observe(
+            SPEC,
+            now,
+            {("prefill", "p"): current, ("decode", "d"): 1},
+            prefill={"ratio": ratio, "tokens": demand},
+        )
+        decision = decide(SPEC, observation, state, now)
+        assert decision is not None
+        current, state, now = replicas(decision), decision.state, now + INTERVAL
+        sizes.append(current)
+    changes = sum(1 for a, b in itertools.pairwise(sizes) if a != b)
+    assert changes <= 1
+    assert sizes[-1] == 2
+
+
+def test_an_unseen_window_is_not_a_quiet_one():
+    # A lost state (restart) must not scale down on the first look.
+    decision = decide(
+        SPEC,
+        observe(
+            SPEC,
+            T0,
+            {("prefill", "p"): 5, ("decode", "d"): 1},
+            prefill={"ratio": 0.3, "tokens": 100.0},
+        ),
+        calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}),
+        T0,
+    )
+    assert replicas(decision) == 5
+
+
+def test_a_probe_learns_an_unknown_capacity_one_replica_at_a_time():
+    # No profile, never near the SLO: the estimate is a lower bound; shed one at a time.
+    decisions = run(
+        SPEC,
+        PolicyState(),
+        {("prefill", "p"): 6, ("decode", "d"): 1},
+        60,
+        prefill={"ratio": 0.3, "tokens": 1200.0},
+    )
+    sizes = [d.role_replicas("prefill") for d in decisions]
+    assert all(b in (a, a - 1) for a, b in itertools.pairwise(sizes))
+    assert sizes[-1] < 6
+    # Each remaining replica carries at most 1.5x the load already seen within the SLO.
+    assert sizes[-1] >= 2
+
+
+# ---------------------------------------------------------------- rate limits and bounds
+
+
+def test_scale_up_moves_at_most_max_step_replicas():
+    spec = spec_of({"scaling": {"scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 2}}})
+    observation = observe(
+        spec,
+        T0,
+        {("prefill", "p"): 1, ("decode", "d"): 1},
+        prefill={"ratio": 3.0, "tokens": 5000.0},
+    )
+    decision = decide(spec, observation, calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0)
+    assert replicas(decision) == 3
+    assert limit(decision) == "rate"
+
+
+def test_scale_up_stabilization_ignores_a_single_spike():
+    spec = spec_of({"scaling": {"scaleUp": {"stabilizationSeconds": 60, "maxStepReplicas": 4}}})
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    calm = {"ratio": 0.7, "tokens": 1000.0}
+    spike = {"ratio": 2.0, "tokens": 3000.0}
+    sizes, now, current = [], T0, 2
+    for load in (calm, spike, calm, spike, spike, spike):
+        observation = observe(
+            spec, now, {("prefill", "p"): current, ("decode", "d"): 1}, prefill=load
+        )
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        current, state, now = replicas(decision), decision.state, now + INTERVAL
+        sizes.append(current)
+    # A spike right after a calm recommendation is outvoted by it within the 60 s window.
+    assert sizes[:4] == [2, 2, 2, 2]
+    assert sizes[4] > 2
+
+
+@pytest.mark.parametrize(
+    ("bounds", "current", "expected"),
+    [({"min": 1, "max": 4}, 6, 4), ({"min": 3, "max": 10}, 1, 3), ({"min": 2, "max": 2}, 2, 2)],
+)
+def test_min_and_max_are_always_honoured(bounds, current, expected):
+    spec = spec_of({"prefill.pools.0.replicas": bounds})
+    for load in ({"ratio": 3.0, "tokens": 9000.0}, {"ratio": 0.2, "tokens": 10.0}):
+        observation = observe(
+            spec, T0, {("prefill", "p"): current, ("decode", "d"): 1}, prefill=load
+        )
+        decision = decide(spec, observation, PolicyState(), T0)
+        assert replicas(decision) == expected
+
+
+# ---------------------------------------------------------------- warm-up
+
+
+def test_loading_replicas_count_as_coming_capacity_until_their_ready_time():
+    spec = spec_of({"scaling": {"scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 1}}})
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    breach = {"ratio": 1.6, "tokens": 2000.0}
+    first = decide(
+        spec,
+        observe(spec, T0, {("prefill", "p"): 2, ("decode", "d"): 1}, prefill=breach),
+        state,
+        T0,
+    )
+    assert replicas(first) == 3
+    assert first is not None
+    loading = {("prefill", "p"): PoolObservation(3, ready=2), ("decode", "d"): 1}
+    held = decide(spec, observe(spec, T0 + 30, loading, prefill=breach), first.state, T0 + 30)
+    assert replicas(held) == 3
+    assert limit(held) == "warmup"
+    worse = {"ratio": 2.5, "tokens": 3000.0}
+    grown = decide(spec, observe(spec, T0 + 30, loading, prefill=worse), first.state, T0 + 30)
+    assert replicas(grown) == 4
+    ready_by = first.state.pool("prefill", "p").ready_by
+    assert ready_by is not None
+    late = decide(
+        spec, observe(spec, ready_by + 1, loading, prefill=breach), first.state, ready_by + 1
+    )
+    assert replicas(late) == 4
+
+
+def test_the_load_time_comes_from_the_profile_and_is_then_learned():
+    state = calibrated(PROFILED, {"prefill": 5000.0, "decode": 500.0})
+    up = decide(
+        PROFILED,
+        observe(
+            PROFILED,
+            T0,
+            {("prefill", "p"): 1, ("decode", "d"): 1},
+            prefill={"ratio": 2.0, "tokens": 10000.0},
+        ),
+        state,
+        T0,
+    )
+    assert up is not None
+    expected = seed_load_seconds(PROFILED, PROFILED.prefill.pools[0])
+    assert up.state.pool("prefill", "p").ready_by == pytest.approx(T0 + expected)
+    grown = up.replicas[("prefill", "p")]
+    ready = decide(
+        PROFILED,
+        observe(
+            PROFILED,
+            T0 + 240,
+            {("prefill", "p"): grown, ("decode", "d"): 1},
+            prefill={"ratio": 0.8, "tokens": 10000.0},
+        ),
+        up.state,
+        T0 + 240,
+    )
+    assert ready is not None
+    assert ready.state.pool("prefill", "p").load_seconds == pytest.approx(240)
+
+
+# ---------------------------------------------------------------- capacity
+
+
+def test_no_replica_is_asked_for_that_no_node_can_hold():
+    ledger = gpu_nodes(a=2, d=1)  # two prefill nodes free, pool a already runs 2 elsewhere
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): 2, ("prefill", "b"): 0, ("decode", "d"): 1},
+        ledger,
+        prefill={"ratio": 3.0, "tokens": 8000.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert replicas(decision, "prefill", "a") == 4
+    assert replicas(decision, "prefill", "b") == 0
+    assert limit(decision, "prefill", "a") == "capacity"
+    assert decision is not None and decision.limited_by == "capacity"
+
+
+def test_when_the_preferred_pool_is_full_the_rest_spills_to_the_next():
+    ledger = gpu_nodes(a=1, b=3, d=1)
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): 2, ("prefill", "b"): 0, ("decode", "d"): 1},
+        ledger,
+        prefill={"ratio": 1.5, "tokens": 4000.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert replicas(decision, "prefill", "a") == 3
+    assert replicas(decision, "prefill", "b") == 2  # 5 x 1000 at 80% = 4000
+
+
+def test_unschedulable_pods_are_given_up_when_the_nodes_have_no_room():
+    pending = PoolObservation(4, ready=2, unschedulable=2)
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): pending, ("prefill", "b"): 0, ("decode", "d"): 1},
+        gpu_nodes(b=2, d=1),
+        prefill={"ratio": 1.0, "tokens": 3200.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert replicas(decision, "prefill", "a") == 2
+    assert replicas(decision, "prefill", "b") == 2
+
+
+def test_with_no_node_view_unschedulable_pods_stay_but_none_are_added():
+    pending = PoolObservation(4, ready=2, unschedulable=2)
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): pending, ("prefill", "b"): 0, ("decode", "d"): 1},
+        prefill={"ratio": 1.0, "tokens": 3200.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert replicas(decision, "prefill", "a") == 4  # a cluster autoscaler may be adding nodes
+    assert replicas(decision, "prefill", "b") == 2
+
+
+def test_room_reserved_for_pods_not_yet_bound_is_not_promised_again():
+    starting = PoolObservation(3, ready=2, scheduled=2)  # the third is not bound yet
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): starting, ("prefill", "b"): 0, ("decode", "d"): 1},
+        gpu_nodes(a=1, d=1),
+        prefill={"ratio": 2.0, "tokens": 4000.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert replicas(decision, "prefill", "a") == 3
+
+
+def test_prefill_does_not_grow_into_a_decode_pool_that_is_full():
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): 2, ("prefill", "b"): 0, ("decode", "d"): 2},
+        gpu_nodes(a=4, b=4),  # no decode node free
+        prefill={"ratio": 2.0, "tokens": 4000.0},
+        decode={"ratio": 1.5, "tokens": 1500.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0})
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert decision is not None
+    assert decision.role_replicas("decode") == 2
+    assert decision.role_replicas("prefill") == 2
+    assert limit(decision, "prefill", "a") == "capacity"
+    assert "decode cannot grow" in next(d.reason for d in decision.pools if d.pool == "a")
+
+
+def test_shared_nodes_go_to_decode_first_and_are_never_promised_twice():
+    spec = spec_of(
+        {
+            "prefill.pools.0.accelerator": on_nodes("x"),
+            "decode.pools.0.accelerator": on_nodes("x"),
+        }
+    )
+    observation = observe(
+        spec,
+        T0,
+        {("prefill", "p"): 1, ("decode", "d"): 1},
+        gpu_nodes(x=3),
+        prefill={"ratio": 2.0, "tokens": 4000.0},
+        decode={"ratio": 2.0, "tokens": 2000.0},
+    )
+    decision = decide(spec, observation, calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0)
+    assert decision is not None
+    assert decision.role_replicas("decode") + decision.role_replicas("prefill") == 2 + 3
+    assert decision.role_replicas("decode") == 4
+
+
+# ---------------------------------------------------------------- ratio guardrail
+
+
+RATIO = {"scaling": {"prefillToDecodeRatio": {"minPercent": 100, "maxPercent": 200}}}
+
+
+def test_the_ratio_is_repaired_by_growing_the_smaller_side():
+    spec = spec_of(RATIO)
+    observation = observe(
+        spec,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 1},
+        prefill={"ratio": 2.0, "tokens": 3000.0},
+        decode={"ratio": 0.7, "tokens": 300.0},
+    )
+    decision = decide(spec, observation, calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0)
+    assert decision is not None
+    prefill, decode = decision.role_replicas("prefill"), decision.role_replicas("decode")
+    assert prefill == 4
+    assert decode == 2
+    assert limit(decision, "decode", "d") == "ratio"
+
+
+def test_when_the_smaller_side_cannot_grow_the_larger_side_grows_less():
+    spec = spec_of(
+        {
+            **RATIO,
+            "prefill.pools.0.accelerator": on_nodes("a"),
+            "decode.pools.0.accelerator": on_nodes("d"),
+        }
+    )
+    observation = observe(
+        spec,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 1},
+        gpu_nodes(a=4),
+        prefill={"ratio": 2.0, "tokens": 3000.0},
+        decode={"ratio": 0.7, "tokens": 300.0},
+    )
+    decision = decide(spec, observation, calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0)
+    assert decision is not None
+    assert (decision.role_replicas("prefill"), decision.role_replicas("decode")) == (2, 1)
+    assert limit(decision) == "ratio"
+
+
+def test_a_low_ratio_grows_prefill():
+    spec = spec_of(RATIO)
+    observation = observe(
+        spec,
+        T0,
+        {("prefill", "p"): 1, ("decode", "d"): 3},
+        prefill={"ratio": 0.7, "tokens": 500.0},
+        decode={"ratio": 0.95, "tokens": 1000.0},
+    )
+    decision = decide(spec, observation, calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0)
+    assert replicas(decision) == 3
+    assert limit(decision) == "ratio"
+
+
+# ---------------------------------------------------------------- unknown is never zero
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"prefill": unavailable("prometheus: connection refused")},
+        {"prefill": "stale"},
+        {"prefill": "missing"},
+        {"prefill": "stuck"},
+    ],
+    ids=["query-failed", "stale-sample", "role-not-read", "queued-but-nothing-finished"],
+)
+def test_missing_metrics_hold_every_pool_of_the_role(broken):
+    now = T0
+    base = observe(SPEC, now, {("prefill", "p"): 6, ("decode", "d"): 1})
+    what = broken["prefill"]
+    prefill_signals: RoleSignals | None
+    if what == "stale":
+        prefill_signals = signals(SPEC, "prefill", now - 600, ratio=0.2, tokens=10.0)
+    elif what == "missing":
+        prefill_signals = None
+    elif what == "stuck":
+        prefill_signals = signals(SPEC, "prefill", now, queue=50.0)
+    else:
+        prefill_signals = RoleSignals(now, ttft_seconds=what)
+    observation = Observation(
+        {"decode": base.signals["decode"]}
+        | ({"prefill": prefill_signals} if prefill_signals else {}),
+        base.pools,
+    )
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}, since=now - 3600)
+    decision = decide(SPEC, observation, state, now)
+    assert replicas(decision) == 6
+    assert limit(decision) == "metrics"
+    assert decision is not None and decision.limited_by == "metrics"
+
+
+def test_requests_held_for_a_whole_window_without_finishing_read_as_a_breach():
+    # Right after a quiet spell the first requests are still running: hold. A window later,
+    # nothing has finished: latency is at least that long.
+    state, now, sizes = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}), T0, []
+    for _ in range(4):
+        observation = observe(
+            SPEC,
+            now,
+            {("prefill", "p"): 2, ("decode", "d"): 1},
+            prefill={"queue": 40.0, "running": 4.0},
+        )
+        decision = decide(SPEC, observation, state, now)
+        assert decision is not None
+        sizes.append(replicas(decision))
+        state, now = decision.state, now + INTERVAL
+    assert sizes[:2] == [2, 2]
+    assert sizes[2] > 2  # 60 s window, decisions every 30 s
+    assert "nothing finished" in decision.reason
+
+
+def test_an_unreadable_demand_blocks_scale_down_but_not_the_latency_loop():
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}, since=T0 - 3600)
+    low = Reading.of(0.2)
+    blind = RoleSignals(T0, ttft_seconds=low, prompt_tokens_per_second=unavailable("timeout"))
+    base = observe(SPEC, T0, {("prefill", "p"): 6, ("decode", "d"): 1})
+    decision = decide(SPEC, Observation({**base.signals, "prefill": blind}, base.pools), state, T0)
+    assert replicas(decision) == 6
+    assert limit(decision) == "metrics"
+    breach = RoleSignals(
+        T0, ttft_seconds=Reading.of(2.0), prompt_tokens_per_second=unavailable("x")
+    )
+    decision = decide(SPEC, Observation({**base.signals, "prefill": breach}, base.pools), state, T0)
+    assert replicas(decision) > 6
+
+
+def test_no_traffic_scales_to_min_only_after_the_scale_down_window():
+    spec = spec_of({"prefill.pools.0.replicas": {"min": 1, "max": 10}})
+    decisions = run(
+        spec,
+        calibrated(spec, {"prefill": 1000.0, "decode": 500.0}),
+        {("prefill", "p"): 3, ("decode", "d"): 1},
+        14,
+        prefill={"ratio": None, "tokens": None},
+    )
+    sizes = [d.role_replicas("prefill") for d in decisions]
+    assert sizes == [3] * 10 + [2, 1, 1, 1]
+    assert "no traffic" in decisions[0].reason
+
+
+# ---------------------------------------------------------------- modes and state
+
+
+def test_disabled_decides_nothing_and_advisory_decides_like_active():
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 2},
+        prefill={"ratio": 2.0, "tokens": 3000.0},
+    )
+    assert (
+        decide(spec_of({"scaling": {"mode": "Disabled"}}), observation, PolicyState(), T0) is None
+    )
+    advisory = decide(spec_of({"scaling": {"mode": "Advisory"}}), observation, PolicyState(), T0)
+    active = decide(SPEC, observation, PolicyState(), T0)
+    assert advisory is not None and active is not None
+    assert advisory.replicas == active.replicas
+    assert advisory.state == active.state
+
+
+def test_an_advisory_decision_that_is_not_applied_teaches_no_load_time():
+    spec = spec_of({"scaling": {"mode": "Advisory"}})
+    state, now = calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0
+    for load in ({"ratio": 2.0, "tokens": 3000.0}, {"ratio": 0.5, "tokens": 800.0}):
+        observation = observe(spec, now, {("prefill", "p"): 2, ("decode", "d"): 1}, prefill=load)
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        state, now = decision.state, now + INTERVAL
+    assert state.pool("prefill", "p").load_seconds is None
+    assert state.pool("prefill", "p").ready_by is None
+
+
+def test_the_state_survives_a_json_round_trip():
+    decisions = run(
+        PROFILED,
+        PolicyState(),
+        {("prefill", "p"): 1, ("decode", "d"): 1},
+        5,
+        prefill={"ratio": 1.5, "tokens": 20000.0},
+    )
+    state = decisions[-1].state
+    restored = PolicyState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert restored == state
+    observation = observe(PROFILED, T0 + 600, {("prefill", "p"): 3, ("decode", "d"): 1})
+    assert decide(PROFILED, observation, restored, T0 + 600) == decide(
+        PROFILED, observation, state, T0 + 600
+    )
+    with pytest.raises(ValueError, match="unreadable"):
+        PolicyState.from_dict({"pools": {"prefill/p": {"since": "yesterday"}}})
+
+
+def test_decide_does_not_touch_its_inputs():
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 2},
+        prefill={"ratio": 2.0, "tokens": 3000.0},
+    )
+    before = (copy.deepcopy(state), copy.deepcopy(observation))
+    decide(SPEC, observation, state, T0)
+    assert (state, observation) == before
+
+
+# ---------------------------------------------------------------- properties, with a plant
+
+
+def plant_latency_ratio(utilisation: float) -> float:
+    """Latency / target of replicas running at `utilisation` of their SLO capacity: a base
+    latency, a queueing rise, 1.0 at full SLO capacity, saturating at 130%."""
+    return 0.3 / (1 - 0.7 * min(utilisation, 1.3))
+
+
+@dataclass
+class Plant:
+    """Replicas with a fixed SLO capacity, a constant offered load, and a load time."""
+
+    spec: PDDeploymentSpec
+    capacity: dict[Role, float]
+    load: dict[Role, float]
+    load_seconds: float = 90.0
+    pods: dict[tuple[Role, str], list[float]] = field(default_factory=dict)  # ready times
+
+    def observation(self, now: float) -> Observation:
+        signals_by_role = {}
+        for role in ROLES:
+            key = (role, self.spec.pools(role)[0].name)
+            ready = sum(1 for t in self.pods[key] if t <= now)
+            offered = self.load[role]
+            utilisation = offered / max(ready, 1e-9) / self.capacity[role]
+            served = min(offered, ready * self.capacity[role] * 1.3)
+            signals_by_role[role] = signals(
+                self.spec,
+                role,
+                now,
+                ratio=plant_latency_ratio(utilisation) if ready else 50.0,
+                tokens=served,
+                kv=min(1.0, 0.5 * min(utilisation, 1.3)),
+                queue=max(0.0, (utilisation - 1) * 10),
+            )
+        pools = {
+            key: PoolObservation(len(times), sum(1 for t in times if t <= now))
+            for key, times in self.pods.items()
+        }
+        return Observation(signals_by_role, pools)
+
+    def apply(self, decision: Decision, now: float) -> None:
+        for key, count in decision.replicas.items():
+            times = self.pods[key]
+            times.extend([now + self.load_seconds] * max(0, count - len(times)))
+            del times[count:]  # the newest go first
+
+
+def simulate(plant: Plant, start: int, steps: int, state: PolicyState) -> list[tuple[int, int]]:
+    for role in ROLES:
+        plant.pods[(role, plant.spec.pools(role)[0].name)] = [0.0] * start
+    now, sizes = T0, []
+    for _ in range(steps):
+        decision = decide(plant.spec, plant.observation(now), state, now)
+        assert decision is not None
+        plant.apply(decision, now)
+        sizes.append((decision.role_replicas("prefill"), decision.role_replicas("decode")))
+        state, now = decision.state, now + INTERVAL
+    return sizes
+
+
+def reversals(sizes: list[int]) -> int:
+    moves = [b - a for a, b in itertools.pairwise(sizes) if b != a]
+    return sum(1 for a, b in itertools.pairwise(moves) if (a > 0) != (b > 0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    load=st.floats(50.0, 9000.0),
+    capacity=st.floats(400.0, 3000.0),
+    start=st.integers(1, 6),
+    error=st.one_of(st.none(), st.floats(0.8, 1.25)),
+)
+def test_constant_load_settles_without_oscillation(load, capacity, start, error):
+    """With a capacity estimate within 25% of the truth: no reversal at all. With none (no
+    profile): at most one, the probe that finds the capacity, and then a steady size."""
+    plant = Plant(
+        SPEC, {"prefill": capacity, "decode": capacity / 2}, {"prefill": load, "decode": load / 2}
+    )
+    state = PolicyState()
+    if error is not None:
+        state = calibrated(SPEC, {"prefill": capacity * error, "decode": capacity * error / 2})
+    sizes = simulate(plant, start, 150, state)
+    for index in range(2):
+        series = [size[index] for size in sizes]
+        assert reversals(series) <= (0 if error is not None else 1), series
+        assert len(set(series[-40:])) == 1, series
+
+
+role_reading = st.sampled_from(
+    [Reading.of(0.0), Reading.of(0.5), Reading.of(30.0), NO_TRAFFIC, unavailable("x")]
+)
+
+
+@st.composite
+def random_signals(draw: st.DrawFn, now: float) -> RoleSignals:
+    return RoleSignals(
+        sample_time=now - draw(st.sampled_from([0.0, 10.0, 1000.0])),
+        ttft_seconds=draw(role_reading),
+        itl_seconds=draw(role_reading),
+        queue_depth=draw(role_reading),
+        running_requests=draw(role_reading),
+        kv_cache_usage=draw(st.sampled_from([Reading.of(0.2), Reading.of(1.0), NO_TRAFFIC])),
+        requests_per_second=draw(role_reading),
+        prompt_tokens_per_second=draw(st.sampled_from([Reading.of(100.0), Reading.of(9e4)])),
+        generation_tokens_per_second=draw(st.sampled_from([Reading.of(50.0), NO_TRAFFIC])),
+    )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), low=st.integers(0, 5), span=st.integers(1, 6), ratio=st.booleans())
+def test_bounds_always_hold(data, low, span, ratio):
+    changes: dict[str, Any] = {
+        "prefill.pools": [
+            {
+                "name": "a",
+                "accelerator": {"resourceName": "g/pu"},
+                "replicas": {"min": low, "max": low + span},
+            },
+            {
+                "name": "b",
+                "accelerator": {"resourceName": "g/pu"},
+                "replicas": {"min": 0, "max": 1 + span},
+            },
+        ],
+    }
+    if ratio:
+        changes["scaling"] = {"prefillToDecodeRatio": {"minPercent": 50, "maxPercent": 150}}
+    spec = spec_of(changes)
+    state, now = PolicyState(), T0
+    for _ in range(3):
+        current = {
+            (role, pool.name): data.draw(st.integers(0, 12))
+            for role in ROLES
+            for pool in spec.pools(role)
+        }
+        observation = Observation(
+            {role: data.draw(random_signals(now)) for role in ROLES},
+            {key: PoolObservation(n, data.draw(st.integers(0, n))) for key, n in current.items()},
+            data.draw(st.sampled_from([None, gpu_nodes(), gpu_nodes(x=1)])),
+        )
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        for role in ROLES:
+            for pool in spec.pools(role):
+                value = decision.replicas[(role, pool.name)]
+                assert pool.replicas.min <= value <= pool.replicas.max
+        state, now = decision.state, now + INTERVAL
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    low=st.floats(0.05, 3.0),
+    extra=st.floats(0.0, 3.0),
+    current=st.integers(1, 8),
+    estimate=st.sampled_from([None, 600.0, 1000.0, 1500.0]),
+    basis=st.sampled_from(["observed", "lower-bound"]),
+)
+def test_more_load_never_means_fewer_replicas(low, extra, current, estimate, basis):
+    state = PolicyState()
+    if estimate is not None:
+        state = calibrated(SPEC, {"prefill": estimate, "decode": estimate / 2}, since=T0 - 3600)
+        state = PolicyState(state.pools, {r: RoleMemory(capacity_basis=basis) for r in ROLES})
+    plant = Plant(SPEC, {"prefill": 1000.0, "decode": 500.0}, {"prefill": 0.0, "decode": 0.0})
+    plant.pods = {("prefill", "p"): [0.0] * current, ("decode", "d"): [0.0] * current}
+    totals = []
+    for utilisation in (low, low + extra):
+        plant.load = {
+            "prefill": utilisation * current * 1000.0,
+            "decode": utilisation * current * 500.0,
+        }
+        decision = decide(SPEC, plant.observation(T0), state, T0)
+        assert decision is not None
+        totals.append((decision.role_replicas("prefill"), decision.role_replicas("decode")))
+    assert totals[1][0] >= totals[0][0]
+    assert totals[1][1] >= totals[0][1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), which=st.sampled_from(["prefill", "decode", "both"]))
+def test_unavailable_metrics_never_lower_replicas(data, which):
+    now = T0
+    current = {
+        ("prefill", "p"): data.draw(st.integers(1, 10)),
+        ("decode", "d"): data.draw(st.integers(1, 10)),
+    }
+    signal_map = {role: data.draw(random_signals(now)) for role in ROLES}
+    for role in ROLES if which == "both" else (which,):
+        signal_map[role] = RoleSignals(now, unavailable("down"), unavailable("down"))
+    history = data.draw(
+        st.sampled_from(
+            [PolicyState(), calibrated(SPEC, {"prefill": 9e9, "decode": 9e9}, T0 - 9e3)]
+        )
+    )
+    observation = Observation(signal_map, {k: PoolObservation(n, n) for k, n in current.items()})
+    decision = decide(SPEC, observation, history, now)
+    assert decision is not None
+    for role in ROLES if which == "both" else (which,):
+        key = (role, "p" if role == "prefill" else "d")
+        assert decision.replicas[key] >= current[key]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    free=st.lists(st.integers(0, 8), min_size=1, max_size=6),
+    group=st.lists(st.sampled_from("ab"), min_size=6, max_size=6),
+    per=st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8])),
+    shared_decode=st.booleans(),
+    breach=st.floats(1.2, 5.0),
+)
+def test_growth_never_exceeds_free_capacity(free, group, per, shared_decode, breach):
+    spec = spec_of(
+        {
+            "prefill.pools": [
+                {
+                    "name": "a",
+                    "replicas": {"min": 0, "max": 20},
+                    "accelerator": {
+                        "resourceName": "g/pu",
+                        "perReplica": per[0],
+                        "nodeSelector": {"g": "a"},
+                    },
+                },
+                {
+                    "name": "b",
+                    "replicas": {"min": 0, "max": 20},
+                    "accelerator": {
+                        "resourceName": "g/pu",
+                        "perReplica": per[1],
+                        "nodeSelector": {"g": "b"},
+                    },
+                },
+            ],
+            "decode.pools.0": {
+                "name": "d",
+                "replicas": {"min": 0, "max": 20},
+                "accelerator": {
+                    "resourceName": "g/pu",
+                    "perReplica": per[0],
+                    "nodeSelector": {"g": "a" if shared_decode else "c"},
+                },
+            },
+        }
+    )
+    nodes = [
+        NodeSummary(f"n{i}", {"g": group[i]}, (), {"g/pu": str(cards)}, ready=True)
+        for i, cards in enumerate(free)
+    ]
+    current = {("prefill", "a"): 1, ("prefill", "b"): 1, ("decode", "d"): 1}
+    observation = observe(
+        spec,
+        T0,
+        dict(current),
+        free_capacity(nodes, []),
+        prefill={"ratio": breach, "tokens": 4000.0},
+        decode={"ratio": breach, "tokens": 2000.0},
+    )
+    decision = decide(spec, observation, calibrated(spec, {"prefill": 500.0, "decode": 250.0}), T0)
+    assert decision is not None
+    pools = {("prefill", "a"): per[0], ("prefill", "b"): per[1], ("decode", "d"): per[0]}
+    labels = {
+        ("prefill", "a"): "a",
+        ("prefill", "b"): "b",
+        ("decode", "d"): "a" if shared_decode else "c",
+    }
+    for label in "abc":
+        on_group = [key for key in pools if labels[key] == label]
+        added_cards = sum(
+            max(0, decision.replicas[key] - current[key]) * pools[key] for key in on_group
+        )
+        free_cards = sum(c for c, g in zip(free, group, strict=False) if g == label)
+        assert added_cards <= free_cards
+        for key in on_group:
+            fits = sum(c // pools[key] for c, g in zip(free, group, strict=False) if g == label)
+            assert decision.replicas[key] - current[key] <= fits
