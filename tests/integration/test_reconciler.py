@@ -40,11 +40,18 @@ def deployments(api_client, namespace):
 
 
 def converged(api_client, namespace, name, generation=1):
+    """Status written for this generation, including the autoscaler's first record."""
+
     def check():
         obj = get_pdd(api_client, namespace, name)
         status = obj.get("status") or {}
+        autoscaled = obj["spec"]["scaling"]["mode"] != "Disabled"
         return (
-            obj if status.get("observedGeneration") == generation and status.get("pools") else None
+            obj
+            if status.get("observedGeneration") == generation
+            and status.get("pools")
+            and (status.get("lastDecision") or not autoscaled)
+            else None
         )
 
     return wait_for(check, what=f"status of {name} at generation {generation}")

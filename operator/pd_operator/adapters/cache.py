@@ -101,6 +101,11 @@ class ClusterCache:
                 self._nodes[name] = summarize_node(obj)
             return before != self._nodes.get(name)
 
+    def all_pods(self) -> list[PodSummary]:
+        """Every pool pod of every PDDeployment (what holds accelerators on the nodes)."""
+        with self._lock:
+            return [pod for pods in self._pods.values() for pod in pods.values()]
+
     def nodes(self) -> list[NodeSummary]:
         """Every node currently known."""
         with self._lock:

@@ -25,3 +25,34 @@ def total_writes() -> float:
         for sample in metric.samples
         if sample.name.endswith("_total")
     )
+
+
+# Autoscaler. Labels are bounded by the number of PDDeployments (two roles each).
+SLO_MET = Gauge(
+    "pd_operator_slo_met",
+    "1 when the role's observed latency is within its SLO, 0 when not (absent when unknown).",
+    ["namespace", "pddeployment", "role"],
+)
+METRICS_AVAILABLE = Gauge(
+    "pd_operator_metrics_available",
+    "1 when the role's SLO signals could be read from Prometheus, else 0.",
+    ["namespace", "pddeployment", "role"],
+)
+CAPACITY_AVAILABLE = Gauge(
+    "pd_operator_capacity_available",
+    "1 when every pool could get the replicas the autoscaler wanted, else 0.",
+    ["namespace", "pddeployment"],
+)
+DECISIONS = Counter(
+    "pd_operator_scaling_decisions_total",
+    "Autoscaler decisions, by direction (up, down, hold) and what limited them.",
+    ["direction", "limited_by"],
+)
+PROMETHEUS_QUERIES = Counter(
+    "pd_operator_prometheus_queries_total", "Queries sent to Prometheus by the autoscaler."
+)
+DECISION_CYCLE_SECONDS = Histogram(
+    "pd_operator_decision_cycle_duration_seconds",
+    "Wall time of one autoscaler cycle over all due PDDeployments.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)

@@ -5,6 +5,7 @@ Ready=True, Reconciling=True or Stalled=True describes a settled, progressing or
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pd_operator.api import PDDeployment
@@ -20,21 +21,42 @@ from pd_operator.core.reconcile import (
     all_pools,
 )
 
-# Status fields that other parts of the operator (the autoscaler) own; carried over unchanged.
+# Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
 FOREIGN_FIELDS = ("observed", "lastDecision")
+AUTOSCALER_CONDITIONS = (reasons.SLO_MET, reasons.METRICS_AVAILABLE, reasons.CAPACITY_AVAILABLE)
+
+
+@dataclass(frozen=True)
+class ConditionSpec:
+    """A condition the autoscaler asks the reconciler to write."""
+
+    type: str
+    status: bool | None  # None: Unknown
+    reason: str
+    message: str
+
+
+@dataclass
+class ScalingView:
+    """What the autoscaler last saw and decided for one PDDeployment, for its status."""
+
+    observed: dict[str, Any] | None = None
+    last_decision: dict[str, Any] | None = None
+    conditions: list[ConditionSpec] = field(default_factory=list)
+    events: list[EventSpec] = field(default_factory=list)
 
 
 def _condition(
     kind: str,
     *,
-    status: bool,
+    status: bool | None,
     reason: str,
     message: str,
     generation: int | None,
     previous: Mapping[str, Mapping[str, Any]],
     now: str,
 ) -> dict[str, Any]:
-    text = "True" if status else "False"
+    text = "Unknown" if status is None else "True" if status else "False"
     before = previous.get(kind)
     changed = before is None or before.get("status") != text
     return {
@@ -69,8 +91,12 @@ def compute_status(
     problems: Sequence[Problem],
     previous: Mapping[str, Any],
     now: str,
+    scaling: ScalingView | None = None,
 ) -> tuple[dict[str, Any], list[EventSpec]]:
-    """The new status (wire form) and the events its transitions call for."""
+    """The new status (wire form) and the events its transitions call for.
+
+    `scaling` is the autoscaler's latest view: its fields and conditions go into status as is.
+    """
     problems = list(problems)
     generation = pdd.metadata.generation
     pools, waiting = [], []
@@ -118,7 +144,7 @@ def compute_status(
     stall_message = "; ".join(p.message for p in problems)
     wait_message = "waiting for " + ", ".join(waiting) if waiting else "all pools ready"
 
-    def condition(kind: str, status: bool, reason: str, message: str) -> dict[str, Any]:
+    def condition(kind: str, status: bool | None, reason: str, message: str) -> dict[str, Any]:
         return _condition(
             kind,
             status=status,
@@ -138,8 +164,8 @@ def compute_status(
         condition(
             reasons.RECONCILING,
             not ready and not stalled,
-            reasons.PODS_NOT_READY if waiting else reasons.AS_EXPECTED,
-            wait_message if waiting else "",
+            ready_reason if stalled else reasons.PODS_NOT_READY if waiting else reasons.AS_EXPECTED,
+            wait_message if waiting and not stalled else "",
         ),
         condition(
             reasons.STALLED,
@@ -161,6 +187,14 @@ def compute_status(
         "replicaSummary": {role: f"{ready_sum[role]}/{desired_sum[role]}" for role in ROLES},
     }
     status.update({k: previous[k] for k in FOREIGN_FIELDS if k in previous})
+    if scaling is not None:
+        status["observed"] = scaling.observed
+        status["lastDecision"] = scaling.last_decision
+        conditions += [condition(c.type, c.status, c.reason, c.message) for c in scaling.conditions]
+    else:  # keep the autoscaler's conditions until it says something new
+        conditions += [
+            c for c in previous.get("conditions") or [] if c["type"] in AUTOSCALER_CONDITIONS
+        ]
 
     return status, _stall_events(before, stalled, stall_message)
 

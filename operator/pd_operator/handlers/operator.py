@@ -21,6 +21,7 @@ from pd_operator.adapters.cache import ClusterCache, ObjectKey
 from pd_operator.adapters.kube import KubeWriter
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.core.children import MANAGED_BY
+from pd_operator.handlers.autoscaler import Autoscaler
 from pd_operator.handlers.reconciler import DecisionSource, Reconciler
 from pd_operator.handlers.workqueue import WorkQueue
 
@@ -39,6 +40,9 @@ class OperatorConfig:
     resync_seconds: float = 300.0
     metrics_port: int = 0  # 0: no metrics server
     peering_name: str | None = None  # None: standalone (one replica, no peering objects)
+    prometheus_url: str | None = None  # for objects without spec.scaling.prometheus
+    autoscale: bool = True
+    autoscale_tick_seconds: float = 1.0  # how often due objects are looked for
 
 
 class OperatorState:
@@ -55,21 +59,48 @@ class OperatorState:
         self.cache = ClusterCache()
         self.queue = WorkQueue()
         self.writer = KubeWriter(api_client)
-        self.reconciler = Reconciler(self.cache, self.writer, decisions=decisions)
+        self.autoscaler = Autoscaler(
+            self.cache, self.queue.add_threadsafe, default_prometheus_url=config.prometheus_url
+        )
+        self.reconciler = Reconciler(
+            self.cache,
+            self.writer,
+            decisions=decisions or self.autoscaler.decisions_for,
+            scaling=self.autoscaler.view_for,
+        )
         self.tasks: list[asyncio.Task[None]] = []
         self._failures: dict[ObjectKey, int] = {}
 
     def prime(self) -> None:
         """List children, pods and nodes once before any reconcile, so that a restarted
-        operator sees what exists and writes nothing for converged objects."""
+        operator sees what exists and writes nothing for converged objects. Lists per watched
+        namespace when namespaces are given (a namespaced install has no cluster-wide list)."""
         apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
         selector = MANAGED_SELECTOR
-        for deployment in apps.list_deployment_for_all_namespaces(label_selector=selector).items:
-            self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
-        for service in core.list_service_for_all_namespaces(label_selector=selector).items:
-            self.cache.put_child(self._plain(service, "v1", "Service"))
-        for pod in core.list_pod_for_all_namespaces(label_selector=selector).items:
-            self.cache.put_pod(self._plain(pod, "v1", "Pod"))
+        if self.config.namespaces:
+            listings = [
+                (
+                    apps.list_namespaced_deployment(ns, label_selector=selector).items,
+                    core.list_namespaced_service(ns, label_selector=selector).items,
+                    core.list_namespaced_pod(ns, label_selector=selector).items,
+                )
+                for ns in self.config.namespaces
+            ]
+        else:
+            listings = [
+                (
+                    apps.list_deployment_for_all_namespaces(label_selector=selector).items,
+                    core.list_service_for_all_namespaces(label_selector=selector).items,
+                    core.list_pod_for_all_namespaces(label_selector=selector).items,
+                )
+            ]
+        for deployments, services, pods in listings:
+            for deployment in deployments:
+                self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
+            for service in services:
+                self.cache.put_child(self._plain(service, "v1", "Service"))
+            for pod in pods:
+                self.cache.put_pod(self._plain(pod, "v1", "Pod"))
         for node in core.list_node().items:
             self.cache.put_node(self._plain(node, "v1", "Node"))
 
@@ -93,6 +124,15 @@ class OperatorState:
             finally:
                 self.queue.done(key)
 
+    async def autoscale(self) -> None:
+        """Run autoscaler cycles; each decides only the objects whose interval is due."""
+        while True:
+            try:
+                await asyncio.to_thread(self.autoscaler.cycle)
+            except Exception:
+                logger.exception("autoscaler cycle failed")
+            await asyncio.sleep(self.config.autoscale_tick_seconds)
+
     async def resync(self) -> None:
         """Enqueue every PDDeployment periodically: level-based repair of anything missed."""
         while True:
@@ -102,9 +142,12 @@ class OperatorState:
 
     def start(self) -> None:
         """Start workers and the resync loop on the running event loop."""
+        self.queue.bind(asyncio.get_running_loop())
         for _ in range(self.config.workers):
             self.tasks.append(asyncio.create_task(self.worker()))
         self.tasks.append(asyncio.create_task(self.resync()))
+        if self.config.autoscale:
+            self.tasks.append(asyncio.create_task(self.autoscale()))
 
     async def stop(self) -> None:
         """Cancel the workers and wait for them."""

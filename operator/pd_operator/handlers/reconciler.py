@@ -19,7 +19,7 @@ from pd_operator.adapters.kube import KubeWriter
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.core import reasons
 from pd_operator.core.reconcile import EventSpec, PoolKey, Problem, plan_children
-from pd_operator.core.status import compute_status, invalid_spec_status
+from pd_operator.core.status import ScalingView, compute_status, invalid_spec_status
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 REJECTED_STATUSES = frozenset({400, 403, 422})
 
 DecisionSource = Callable[[ObjectKey], Mapping[PoolKey, int] | None]
+ScalingSource = Callable[[ObjectKey], ScalingView | None]
 
 
 def utc_now() -> str:
@@ -59,11 +60,13 @@ class Reconciler:
         writer: KubeWriter,
         *,
         decisions: DecisionSource | None = None,
+        scaling: ScalingSource | None = None,
         clock: Callable[[], str] = utc_now,
     ) -> None:
         self.cache = cache
         self.writer = writer
         self.decisions = decisions
+        self.scaling = scaling
         self.clock = clock
 
     def reconcile(self, key: ObjectKey) -> None:
@@ -131,6 +134,7 @@ class Reconciler:
             self.writer.delete(ref.api_version, ref.kind, key[0], ref.name, ref.uid)
             children.pop((ref.api_version, ref.kind, ref.name), None)
 
+        view = self.scaling(key) if self.scaling else None
         status, events = compute_status(
             pdd,
             children=children,
@@ -139,8 +143,10 @@ class Reconciler:
             problems=problems,
             previous=previous,
             now=self.clock(),
+            scaling=view,
         )
-        self._report(body, previous, status, plan.events + events)
+        scaling_events = view.events if view else []
+        self._report(body, previous, status, plan.events + events + scaling_events)
         if transient is not None:
             raise transient
 

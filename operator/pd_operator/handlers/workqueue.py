@@ -14,6 +14,7 @@ class WorkQueue:
     """Keys waiting to be reconciled; `get` hands each to one worker."""
 
     def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[ObjectKey] = asyncio.Queue()
         self._queued: set[ObjectKey] = set()
         self._active: set[ObjectKey] = set()
@@ -27,6 +28,16 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
             metrics.QUEUE_DEPTH.set(len(self._queued))
+
+    def add_threadsafe(self, key: ObjectKey) -> None:
+        """`add` from another thread (the autoscaler runs in a worker thread)."""
+        if self._loop is None:
+            return  # not started: the first reconcile will read the decision anyway
+        self._loop.call_soon_threadsafe(self.add, key)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Remember the loop that owns the queue."""
+        self._loop = loop
 
     def add_after(self, key: ObjectKey, delay_seconds: float) -> None:
         """Ask for a reconcile later (a retry with backoff)."""

@@ -1,0 +1,397 @@
+"""The autoscaler loop: one cycle serves every due PDDeployment with a few grouped queries.
+
+Each cycle reads the SLO signals of all due objects from Prometheus (grouped queries, tri-state
+results), the free accelerator capacity from the watched nodes and pods, and asks
+`core.policy.decide` for the replicas of every pool. The reconciler applies the decisions (mode
+Active) and writes what the autoscaler saw and decided into status; the autoscaler never writes
+to the API itself, so status has one writer and nothing fights.
+"""
+
+import calendar
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pd_operator.adapters import metrics
+from pd_operator.adapters.cache import ClusterCache, ObjectKey, Snapshot
+from pd_operator.adapters.prometheus import PrometheusReader, ReadReport, RoleKey, SignalTarget
+from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
+from pd_operator.core import reasons
+from pd_operator.core.capacity import free_capacity
+from pd_operator.core.decision import Decision, Observation, PoolObservation
+from pd_operator.core.naming import deployment_name
+from pd_operator.core.policy import decide
+from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.reconcile import ROLES, EventSpec, PoolKey, all_pools, current_replicas
+from pd_operator.core.signals import ReadingKind, RoleSignals, unavailable
+from pd_operator.core.status import ConditionSpec, ScalingView
+
+logger = logging.getLogger(__name__)
+
+ReaderFactory = Callable[[str], PrometheusReader]
+
+
+def _iso(unix_seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_seconds))
+
+
+def _milliseconds(signals: RoleSignals | None, attribute: str) -> int | None:
+    reading = getattr(signals, attribute, None) if signals else None
+    if reading is None or reading.kind is not ReadingKind.VALUE or reading.value is None:
+        return None
+    return round(float(reading.value) * 1000)
+
+
+# Status is rewritten at least this often while values drift within the tolerance below.
+REFRESH_SECONDS = 300.0
+# Observed values that moved less than this (relative) are not worth a status write.
+OBSERVED_TOLERANCE = 0.05
+
+
+def _close(new: Any, old: Any) -> bool:
+    if isinstance(new, int | float) and isinstance(old, int | float):
+        return abs(new - old) <= OBSERVED_TOLERANCE * max(abs(new), abs(old), 1e-9)
+    return bool(new == old)
+
+
+def _age_seconds(stamp: str | None, now: float) -> float:
+    if not stamp:
+        return float("inf")
+    return now - calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> None:
+    """Keep what status already says when nothing that matters changed, so that a steady
+    object costs no status write per cycle: the decision counts when its replicas or its limit
+    change; observed values when they move by more than the tolerance; both at least every
+    REFRESH_SECONDS."""
+    old_decision, new_decision = previous.get("lastDecision"), view.last_decision
+    if old_decision and new_decision:
+        same = all(
+            old_decision.get(k) == new_decision.get(k)
+            for k in ("prefillReplicas", "decodeReplicas", "limitedBy")
+        )
+        if same and _age_seconds(old_decision.get("time"), now) < REFRESH_SECONDS:
+            view.last_decision = dict(old_decision)
+    old_observed, new_observed = previous.get("observed"), view.observed
+    if old_observed and new_observed:
+        keys = (set(old_observed) | set(new_observed)) - {"sampleTime"}
+        same = all(_close(new_observed.get(k), old_observed.get(k)) for k in keys)
+        if same and _age_seconds(old_observed.get("sampleTime"), now) < REFRESH_SECONDS:
+            view.observed = dict(old_observed)
+
+
+def _pool_observations(pdd: PDDeployment, snapshot: Snapshot) -> dict[PoolKey, PoolObservation]:
+    replicas = current_replicas(pdd, snapshot.children)
+    observed = {}
+    for role, pool in all_pools(pdd):
+        name = deployment_name(pdd.metadata.name, role, pool.name)
+        deployment = snapshot.children.get(("apps/v1", "Deployment", name)) or {}
+        status = deployment.get("status") or {}
+        pods = [p for p in snapshot.pods if p.role == role and p.pool == pool.name]
+        observed[(role, pool.name)] = PoolObservation(
+            replicas=replicas[(role, pool.name)],
+            ready=status.get("readyReplicas", 0),
+            unschedulable=sum(p.unschedulable and not p.terminating for p in pods),
+        )
+    return observed
+
+
+class Autoscaler:
+    """Decides replicas for every PDDeployment whose interval is due."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        enqueue: Callable[[ObjectKey], None],
+        *,
+        default_prometheus_url: str | None = None,
+        readers: ReaderFactory = PrometheusReader,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cache = cache
+        self.enqueue = enqueue
+        self.default_prometheus_url = default_prometheus_url
+        self.readers = readers
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._states: dict[ObjectKey, PolicyState] = {}
+        self._last_run: dict[ObjectKey, float] = {}
+        self._decisions: dict[ObjectKey, Mapping[PoolKey, int]] = {}
+        self._views: dict[ObjectKey, ScalingView] = {}
+        self._reader_cache: dict[str, PrometheusReader] = {}
+        self.last_report = ReadReport()
+
+    # The reconciler's side: what to apply and what to write into status.
+    def decisions_for(self, key: ObjectKey) -> Mapping[PoolKey, int] | None:
+        """Replicas to apply for an Active PDDeployment (None: nothing decided yet)."""
+        with self._lock:
+            return self._decisions.get(key)
+
+    def view_for(self, key: ObjectKey) -> ScalingView | None:
+        """Status fields and events; the events are handed out once."""
+        with self._lock:
+            view = self._views.get(key)
+            if view is None:
+                return None
+            handed = ScalingView(view.observed, view.last_decision, list(view.conditions))
+            handed.events, view.events = view.events, []
+            return handed
+
+    def _reader(self, url: str) -> PrometheusReader:
+        if url not in self._reader_cache:
+            self._reader_cache[url] = self.readers(url)
+        return self._reader_cache[url]
+
+    def cycle(self) -> int:
+        """One pass over every due PDDeployment; returns how many were decided."""
+        began = time.monotonic()
+        now = self.clock()
+        due: list[tuple[ObjectKey, PDDeployment, Snapshot]] = []
+        for key in self.cache.pdd_keys():
+            snapshot = self.cache.snapshot(key)
+            if snapshot is None:
+                continue
+            try:
+                pdd = parse_pddeployment(dict(snapshot.pdd))
+            except InvalidSpecError:
+                continue  # the reconciler reports it
+            scaling = pdd.spec.scaling
+            if scaling.mode == "Disabled":
+                self._forget(key)
+                continue
+            if now - self._last_run.get(key, 0.0) >= scaling.interval_seconds:
+                due.append((key, pdd, snapshot))
+        if not due:
+            return 0
+        signals = self._read(due, now)
+        capacity = free_capacity(self.cache.nodes(), self.cache.all_pods())
+        for key, pdd, snapshot in due:
+            observation = Observation(
+                signals={role: signals[(key[0], key[1], role)] for role in ROLES},
+                pools=_pool_observations(pdd, snapshot),
+                capacity=capacity,
+            )
+            state = self._states.get(key, PolicyState())
+            decision = decide(pdd.spec, observation, state, now)
+            if decision is None:
+                continue
+            self._record(
+                key, pdd=pdd, snapshot=snapshot, observation=observation, decision=decision, now=now
+            )
+            self.enqueue(key)
+        metrics.DECISION_CYCLE_SECONDS.observe(time.monotonic() - began)
+        return len(due)
+
+    def _read(
+        self, due: list[tuple[ObjectKey, PDDeployment, Snapshot]], now: float
+    ) -> dict[RoleKey, RoleSignals]:
+        """Grouped reads, one set of queries per Prometheus server in use."""
+        by_url: dict[str, list[SignalTarget]] = {}
+        signals: dict[RoleKey, RoleSignals] = {}
+        for key, pdd, _ in due:
+            spec = pdd.spec
+            url = spec.scaling.prometheus.url if spec.scaling.prometheus else None
+            url = url or self.default_prometheus_url
+            target = SignalTarget(
+                key[0], key[1], spec.model.engine, spec.slo.ttft.percentile,
+                spec.slo.itl.percentile, spec.slo.window_seconds,
+            )  # fmt: skip
+            if url is None:
+                missing = unavailable("no Prometheus URL: set spec.scaling.prometheus.url")
+                for role in ROLES:
+                    signals[(key[0], key[1], role)] = RoleSignals(
+                        sample_time=now, ttft_seconds=missing, itl_seconds=missing
+                    )
+                continue
+            by_url.setdefault(url, []).append(target)
+        report = ReadReport()
+        for url, targets in by_url.items():
+            read, part = self._reader(url).read(targets, now)
+            signals |= read
+            report.queries += part.queries
+            report.errors += part.errors
+            report.failing_queries |= part.failing_queries
+        metrics.PROMETHEUS_QUERIES.inc(report.queries)
+        self.last_report = report
+        return signals
+
+    def _record(
+        self,
+        key: ObjectKey,
+        *,
+        pdd: PDDeployment,
+        snapshot: Snapshot,
+        observation: Observation,
+        decision: Decision,
+        now: float,
+    ) -> None:
+        spec = pdd.spec
+        prefill, decode = observation.signals["prefill"], observation.signals["decode"]
+        ttft_ms = _milliseconds(prefill, "ttft_seconds")
+        itl_ms = _milliseconds(decode, "itl_seconds")
+        rps = prefill.requests_per_second.rate_or_zero()
+        view = ScalingView(
+            observed={  # unknown values are left out, never written as 0
+                key: value
+                for key, value in (
+                    ("ttftMilliseconds", ttft_ms),
+                    ("itlMilliseconds", itl_ms),
+                    ("requestsPerSecond", round(rps, 3) if rps is not None else None),
+                    ("sampleTime", _iso(now)),
+                )
+                if value is not None
+            },
+            last_decision={
+                "time": _iso(now),
+                "prefillReplicas": decision.role_replicas("prefill"),
+                "decodeReplicas": decision.role_replicas("decode"),
+                "reason": decision.reason[:1024],
+                "limitedBy": decision.limited_by,
+            },
+        )
+        slo_met = [
+            None if ms is None else ms <= target
+            for ms, target in (
+                (ttft_ms, spec.slo.ttft.target_milliseconds),
+                (itl_ms, spec.slo.itl.target_milliseconds),
+            )
+        ]
+        latencies = {"prefill": prefill.ttft_seconds, "decode": decode.itl_seconds}
+        missing = {r: s for r, s in latencies.items() if s.kind is ReadingKind.UNAVAILABLE}
+        if missing:
+            detail = "; ".join(f"{role}: {reading.reason}" for role, reading in missing.items())
+            view.conditions.append(
+                ConditionSpec(reasons.METRICS_AVAILABLE, False, reasons.METRICS_UNAVAILABLE, detail)
+            )
+        else:
+            view.conditions.append(
+                ConditionSpec(reasons.METRICS_AVAILABLE, True, reasons.AS_EXPECTED, "")
+            )
+        if None in slo_met:
+            view.conditions.append(
+                ConditionSpec(reasons.SLO_MET, None, reasons.METRICS_UNAVAILABLE, "latency unknown")
+            )
+        else:
+            met = all(slo_met)
+            # Words, not the numbers (those are in status.observed): a message that changed
+            # with every sample would cost a status write every cycle.
+            message = "; ".join(
+                f"{name} {'within' if ok else 'above'} its {target} ms target"
+                for name, ok, target in (
+                    ("TTFT", slo_met[0], spec.slo.ttft.target_milliseconds),
+                    ("ITL", slo_met[1], spec.slo.itl.target_milliseconds),
+                )
+            )
+            view.conditions.append(
+                ConditionSpec(
+                    reasons.SLO_MET,
+                    met,
+                    reasons.WITHIN_SLO if met else reasons.SLO_VIOLATED,
+                    message,
+                )
+            )
+        capacity_short = decision.limited_by == "capacity"
+        view.conditions.append(
+            ConditionSpec(
+                reasons.CAPACITY_AVAILABLE,
+                not capacity_short,
+                reasons.CAPACITY_EXHAUSTED if capacity_short else reasons.AS_EXPECTED,
+                decision.reason if capacity_short else "",
+            )
+        )
+        _damp_churn(view, snapshot.pdd.get("status") or {}, now)
+        view.events = self._transition_events(snapshot, view, decision, observation)
+        self._update_metrics(
+            key,
+            slo_met=slo_met,
+            missing=missing,
+            capacity_short=capacity_short,
+            decision=decision,
+            observation=observation,
+        )
+        with self._lock:
+            self._states[key] = decision.state
+            self._last_run[key] = now
+            self._views[key] = view
+            if spec.scaling.mode == "Active":
+                self._decisions[key] = dict(decision.replicas)
+            else:
+                self._decisions.pop(key, None)
+
+    def _transition_events(
+        self,
+        snapshot: Snapshot,
+        view: ScalingView,
+        decision: Decision,
+        observation: Observation,
+    ) -> list[EventSpec]:
+        """Events for changes only: a scale step, or a condition turning bad."""
+        before = {
+            c["type"]: c.get("status")
+            for c in (snapshot.pdd.get("status") or {}).get("conditions") or []
+        }
+        events = []
+        for spec, reason in (
+            (reasons.SLO_MET, reasons.EVENT_SLO_VIOLATED),
+            (reasons.METRICS_AVAILABLE, reasons.EVENT_METRICS_UNAVAILABLE),
+            (reasons.CAPACITY_AVAILABLE, reasons.EVENT_CAPACITY_EXHAUSTED),
+        ):
+            condition = next(c for c in view.conditions if c.type == spec)
+            if condition.status is False and before.get(spec) != "False":
+                events.append(EventSpec("Warning", reason, condition.message))
+        mode = (
+            ""
+            if snapshot.pdd["spec"].get("scaling", {}).get("mode") != "Advisory"
+            else " (advisory)"
+        )
+        for (role, pool), desired in decision.replicas.items():
+            current = observation.pools[(role, pool)].replicas
+            if desired != current:
+                reason = reasons.EVENT_SCALED_UP if desired > current else reasons.EVENT_SCALED_DOWN
+                events.append(
+                    EventSpec(
+                        "Normal",
+                        reason,
+                        f"{role} pool {pool}: {current} -> {desired}{mode}: {decision.reason}"[
+                            :1024
+                        ],
+                    )
+                )
+        return events
+
+    def _update_metrics(
+        self,
+        key: ObjectKey,
+        *,
+        slo_met: list[bool | None],
+        missing: Mapping[str, Any],
+        capacity_short: bool,
+        decision: Decision,
+        observation: Observation,
+    ) -> None:
+        for role, met in zip(ROLES, slo_met, strict=True):
+            labels = {"namespace": key[0], "pddeployment": key[1], "role": role}
+            if met is None:
+                with contextlib.suppress(KeyError):  # unknown is absent, not 0 or 1
+                    metrics.SLO_MET.remove(*labels.values())
+            else:
+                metrics.SLO_MET.labels(**labels).set(1 if met else 0)
+            metrics.METRICS_AVAILABLE.labels(**labels).set(0 if role in missing else 1)
+        metrics.CAPACITY_AVAILABLE.labels(namespace=key[0], pddeployment=key[1]).set(
+            0 if capacity_short else 1
+        )
+        current = sum(p.replicas for p in observation.pools.values())
+        wanted = sum(decision.replicas.values())
+        direction = "up" if wanted > current else "down" if wanted < current else "hold"
+        metrics.DECISIONS.labels(direction=direction, limited_by=decision.limited_by).inc()
+
+    def _forget(self, key: ObjectKey) -> None:
+        with self._lock:
+            self._states.pop(key, None)
+            self._last_run.pop(key, None)
+            self._decisions.pop(key, None)
+            self._views.pop(key, None)

@@ -1,0 +1,162 @@
+"""The autoscaler in the running operator, reading a real Prometheus.
+
+Latencies come from engine-shaped metrics that the test controls (the closed loop through the
+engine simulator lives in test_closed_loop.py); what is checked here is the operator's side:
+breach → replicas written within two intervals, unknown metrics → hold and say so, Advisory →
+recorded but not applied.
+"""
+
+import copy
+
+import pytest
+from kubernetes import client
+
+from fakeengine import FakeEngine
+from kubetools import RunningOperator, condition, create_pdd, events, get_pdd, wait_for
+from pd_operator.sim.virtual import VirtualCluster
+from pdcases import ROOT, load_sample
+
+HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+TINY = ROOT / "config" / "clusters" / "tiny.yaml"
+INTERVAL = 5
+
+
+@pytest.fixture
+def nodes(api_client, namespace):
+    """Two 8-card S5000 nodes and one 8-card H200 node whose pods turn Ready in about a second."""
+    virtual = VirtualCluster(
+        api_client, TINY, time_scale=0.01, name_prefix=f"{namespace}-", namespace=namespace
+    )
+    virtual.start()
+    yield virtual
+    client.AppsV1Api(api_client).delete_collection_namespaced_deployment(namespace)
+    client.CoreV1Api(api_client).delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    virtual.stop()
+
+
+@pytest.fixture
+def operator(cluster, namespace, nodes):
+    running = RunningOperator(
+        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=2
+    ).start()
+    yield running
+    running.stop()
+
+
+def pdd_body(prometheus_url: str, mode: str = "Active") -> dict:
+    body = copy.deepcopy(HETERO)
+    body["spec"]["slo"]["windowSeconds"] = 10
+    for role in ("prefill", "decode"):
+        pool = body["spec"][role]["pools"][0]
+        pool["template"] = {**pool.get("template", {}), "schedulerName": "pd-mock-scheduler"}
+    body["spec"]["scaling"] = {
+        "mode": mode,
+        "intervalSeconds": INTERVAL,
+        "scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 2},
+        "scaleDown": {"stabilizationSeconds": 10, "maxStepReplicas": 1},
+        "prometheus": {"url": prometheus_url},
+    }
+    return body
+
+
+@pytest.fixture
+def engine_metrics(prometheus, namespace):
+    made = []
+
+    def make(role: str) -> FakeEngine:
+        name = f"{namespace}-{role}"
+        engine = FakeEngine(
+            prometheus, name, {"namespace": namespace, "deployment": "glm-hetero", "role": role}
+        )
+        made.append((name, engine))
+        return engine
+
+    yield make
+    for name, engine in made:
+        prometheus.set_targets(name, [], {})
+        engine.close()
+
+
+def prefill_replicas(api_client, namespace) -> int:
+    """Replicas of the prefill pool's Deployment (0 before it exists)."""
+    apps = client.AppsV1Api(api_client)
+    found = apps.list_namespaced_deployment(
+        namespace, field_selector="metadata.name=glm-hetero-prefill-s5000"
+    ).items
+    return found[0].spec.replicas if found else 0
+
+
+def test_ttft_breach_grows_prefill_and_status_says_why(
+    operator, api_client, namespace, prometheus, engine_metrics
+):
+    prefill, decode = engine_metrics("prefill"), engine_metrics("decode")
+    create_pdd(api_client, namespace, pdd_body(prometheus.url))
+
+    def breach():
+        for _ in range(50):
+            prefill.ttft.labels(model_name="m").observe(9.0)  # target is 6 s
+            decode.itl.labels(model_name="m").observe(0.012)
+        prefill.prompt.labels(model_name="m").inc(200_000)
+        prefill.waiting.labels(model_name="m").set(20)
+        return prefill_replicas(api_client, namespace) > 1
+
+    wait_for(breach, timeout=60, interval=1, what="prefill to grow after the TTFT breach")
+    # Two S5000 nodes of eight cards hold two replicas of eight: never ask for more.
+    assert prefill_replicas(api_client, namespace) == 2
+    obj = wait_for(
+        lambda: (
+            (get_pdd(api_client, namespace, "glm-hetero").get("status") or {}).get("lastDecision")
+            and get_pdd(api_client, namespace, "glm-hetero")
+        ),
+        what="lastDecision in status",
+    )
+    assert condition(obj, "SLOMet")["status"] == "False"
+    assert condition(obj, "MetricsAvailable")["status"] == "True"
+    assert obj["status"]["observed"]["ttftMilliseconds"] > 6000
+    assert wait_for(lambda: events(api_client, namespace, "ScaledUp"), what="a ScaledUp event")
+    assert events(api_client, namespace, "SLOViolated")
+
+
+def test_unknown_metrics_hold_replicas_and_set_the_condition(operator, api_client, namespace):
+    body = pdd_body("http://127.0.0.1:9")  # nothing listens there
+    body["spec"]["prefill"]["pools"][0]["replicas"] = {"min": 1, "max": 4}
+    create_pdd(api_client, namespace, body)
+    obj = wait_for(
+        lambda: (
+            condition(get_pdd(api_client, namespace, "glm-hetero"), "MetricsAvailable").get(
+                "status"
+            )
+            == "False"
+            and get_pdd(api_client, namespace, "glm-hetero")
+        ),
+        timeout=40,
+        what="MetricsAvailable=False",
+    )
+    assert obj["status"]["lastDecision"]["limitedBy"] == "metrics"
+    assert condition(obj, "SLOMet")["status"] == "Unknown"
+    assert prefill_replicas(api_client, namespace) == 1
+    assert wait_for(
+        lambda: events(api_client, namespace, "MetricsUnavailable"),
+        what="a MetricsUnavailable event",
+    )
+
+
+def test_advisory_mode_records_but_does_not_apply(
+    operator, api_client, namespace, prometheus, engine_metrics
+):
+    prefill, decode = engine_metrics("prefill"), engine_metrics("decode")
+    create_pdd(api_client, namespace, pdd_body(prometheus.url, mode="Advisory"))
+
+    def advised():
+        for _ in range(50):
+            prefill.ttft.labels(model_name="m").observe(9.0)
+            decode.itl.labels(model_name="m").observe(0.012)
+        prefill.prompt.labels(model_name="m").inc(200_000)
+        prefill.waiting.labels(model_name="m").set(20)
+        status = get_pdd(api_client, namespace, "glm-hetero").get("status") or {}
+        return (status.get("lastDecision") or {}).get("prefillReplicas", 1) > 1
+
+    wait_for(advised, timeout=60, interval=1, what="an advisory decision to grow prefill")
+    assert prefill_replicas(api_client, namespace) == 1
+    scaled = wait_for(lambda: events(api_client, namespace, "ScaledUp"), what="a ScaledUp event")
+    assert "advisory" in scaled[0].message
