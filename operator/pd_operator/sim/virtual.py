@@ -154,7 +154,10 @@ class Informer:
 class VirtualCluster:
     """Nodes of a cluster profile, the `pd-mock-scheduler` and a virtual kubelet, on a real
     apiserver. `time_scale` multiplies simulated durations (0.01: a 90 s model load takes 0.9 s);
-    leases and heartbeats always run in real time, as the node controller reads them."""
+    leases and heartbeats always run in real time, as the node controller reads them.
+
+    `on_pod(event, pod)` sees every watch event of a pod bound to the cluster's nodes, on the
+    watch thread, after the kubelet: the seam that runs an engine behind each Ready pod."""
 
     def __init__(
         self,
@@ -167,6 +170,7 @@ class VirtualCluster:
         model: ModelProfile = GLM_45_FP8,
         keep_nodes: bool = False,
         workers: int = 8,
+        on_pod: Handler | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         self.name = f"{name_prefix}{self.profile.name}"
@@ -176,6 +180,7 @@ class VirtualCluster:
             raise ValueError("time_scale must be positive")
         self.namespace = namespace
         self.keep_nodes = keep_nodes
+        self.on_pod = on_pod
         # Connections for the scheduler's and the kubelet's writers, leases, status, watches.
         self.calls = KubeCalls(api_client, pool_size=2 * workers + LEASE_WORKERS + 8)
         self.fleet = NodeFleet(self.calls, self.profile, cluster=self.name, prefix=name_prefix)
@@ -283,6 +288,8 @@ class VirtualCluster:
         if pod["spec"].get("nodeName") in self.fleet.nodes:
             self.scheduler.on_bound(event, pod)
             self.kubelet.on_pod(event, pod)
+            if self.on_pod is not None:
+                self.on_pod(event, pod)
 
     def add_nodes(self, group: str, count: int = 1) -> list[str]:
         """Register `count` more nodes of a group and return their names at once; pending pods
