@@ -69,3 +69,15 @@ verify: install lint ## Fail if generated files are stale, then lint
 .PHONY: clean
 clean: ## Remove the virtual environment and caches (not the test binaries cache)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: chart-lint
+chart-lint: ## helm lint --strict the chart, render it, check its CRD and rules copies
+	bash hack/chart-lint.sh
+
+.PHONY: kind-up
+kind-up: ## kind cluster shaped like config/clusters/articles.yaml (needs Docker and kind)
+	MAKE="$(MAKE)" bash hack/kind.sh up
+
+.PHONY: kind-e2e
+kind-e2e: ## Build the image, kind load it, helm install the chart, reconcile a sample
+	MAKE="$(MAKE)" bash hack/kind.sh e2e

@@ -162,7 +162,9 @@ def build_crd() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": model_schema(PDDeploymentSpec),
-            "status": _status_schema(),
+            # Flux/kstatus read an object without observedGeneration as settled; -1 until the
+            # operator has written status makes a new object read as in progress.
+            "status": {**_status_schema(), "default": {"observedGeneration": -1}},
         },
         "x-kubernetes-validations": [
             {

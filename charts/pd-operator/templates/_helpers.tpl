@@ -1,0 +1,116 @@
+{{/* Names, labels and the RBAC rules, shared by the templates. */}}
+
+{{- define "pd-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pd-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "pd-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pd-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pd-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "pd-operator.labels" -}}
+helm.sh/chart: {{ include "pd-operator.chart" . }}
+{{ include "pd-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: pd-operator
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "pd-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pd-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "pd-operator.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "pd-operator.clusterwide" -}}
+{{- if not .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/*
+What the operator does in each namespace it serves, and nothing more (adapters/kube.py and
+handlers/operator.py): watch PDDeployments and patch their status; server-side apply (create +
+patch), delete, list and watch the Deployments and Services it owns; watch their pods; post
+Events (the operator's and kopf's own, both POST only). No get: every read comes from a watch.
+*/}}
+{{- define "pd-operator.namespacedRules" -}}
+- apiGroups: ["pdoperator.io"]
+  resources: ["pddeployments"]
+  verbs: ["list", "watch"]
+- apiGroups: ["pdoperator.io"]
+  resources: ["pddeployments/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if and .Values.peering.enabled .Values.watchNamespaces }}
+- apiGroups: ["kopf.dev", "zalando.org"]
+  resources: ["kopfpeerings"]
+  verbs: ["list", "watch", "patch"]
+{{- end }}
+{{- end }}
+
+{{/*
+Cluster-scoped reads, needed in both modes: nodes (placement and capacity), CRDs (kopf notices
+a CRD upgraded after the operator started); namespaces when kopf serves a list of them.
+*/}}
+{{- define "pd-operator.clusterRules" -}}
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["list", "watch"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- else if .Values.peering.enabled }}
+- apiGroups: ["kopf.dev", "zalando.org"]
+  resources: ["clusterkopfpeerings"]
+  verbs: ["list", "watch", "patch"]
+{{- end }}
+{{- end }}
+
+{{/* Whether the Prometheus Operator's API is served (or passed to `helm template --api-versions`). */}}
+{{- define "pd-operator.hasPrometheusOperator" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}
