@@ -37,21 +37,11 @@ class Reading:
         """A measured value."""
         return cls(ReadingKind.VALUE, float(value))
 
-    @property
-    def available(self) -> bool:
-        """True unless the read failed: no traffic is a valid observation."""
-        return self.kind is not ReadingKind.UNAVAILABLE
-
     def rate_or_zero(self) -> float | None:
         """For rates and counts: no traffic is 0; unavailable stays None (unknown)."""
         if self.kind is ReadingKind.NO_TRAFFIC:
             return 0.0
         return self.value
-
-    def __str__(self) -> str:
-        if self.kind is ReadingKind.VALUE:
-            return f"{self.value:.4g}"
-        return f"unavailable ({self.reason})" if self.reason else str(self.kind)
 
 
 NO_TRAFFIC = Reading(ReadingKind.NO_TRAFFIC)
@@ -79,12 +69,7 @@ class RoleSignals:
     itl_seconds: Reading = NOT_READ
     queue_depth: Reading = NOT_READ  # requests waiting
     running_requests: Reading = NOT_READ
-    kv_cache_usage: Reading = NOT_READ  # 0..1
+    kv_cache_usage: Reading = NOT_READ  # a fraction; above 1 only by rounding
     requests_per_second: Reading = NOT_READ
     prompt_tokens_per_second: Reading = NOT_READ
     generation_tokens_per_second: Reading = NOT_READ
-
-    def __post_init__(self) -> None:
-        usage = self.kv_cache_usage.value
-        if usage is not None and usage > 1:
-            raise ValueError(f"KV-cache usage is a fraction in [0, 1], got {usage}")
