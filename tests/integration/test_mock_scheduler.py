@@ -142,8 +142,10 @@ def settle(
             return up, waiting
         return None
 
+    # A generous budget: a new node waits for the node-lifecycle controller to lift its
+    # not-ready taint, which takes longer on a loaded 2-core machine.
     result: tuple[list[client.V1Pod], list[client.V1Pod]] = wait_for(
-        check, what=f"{app}: {ready} Ready and {pending} Pending"
+        check, timeout=60, what=f"{app}: {ready} Ready and {pending} Pending"
     )
     return result
 
