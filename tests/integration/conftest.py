@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client, config
 
 from pd_operator.localcluster import (
+    ExistingCluster,
     LocalCluster,
     LocalClusterError,
     LocalPrometheus,
@@ -30,9 +31,11 @@ def _unavailable(what: str, error: LocalClusterError) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[LocalCluster]:
+def cluster() -> Iterator[LocalCluster | ExistingCluster]:
+    """The local control plane, or the cluster named by PD_TEST_KUBECONFIG (e.g. kind)."""
+    existing = os.environ.get("PD_TEST_KUBECONFIG")
     try:
-        local = LocalCluster()
+        local = ExistingCluster(existing) if existing else LocalCluster()
         local.start()
     except LocalClusterError as error:
         _unavailable("local control plane", error)

@@ -1,10 +1,11 @@
 """A local control plane and Prometheus on loopback, for tests, the demo and `pdctl dev up`."""
 
-from pd_operator.localcluster.cluster import LocalCluster, raise_if_missing
+from pd_operator.localcluster.cluster import ExistingCluster, LocalCluster, raise_if_missing
 from pd_operator.localcluster.processes import LocalClusterError, MissingBinaryError, find_binary
 from pd_operator.localcluster.prometheus import LocalPrometheus
 
 __all__ = [
+    "ExistingCluster",
     "LocalCluster",
     "LocalClusterError",
     "LocalPrometheus",

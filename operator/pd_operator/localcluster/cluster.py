@@ -65,7 +65,39 @@ def _kubeconfig(server: str, ca: Path, client: KeyPair, user: str) -> str:
     return yaml.safe_dump(config)
 
 
-class LocalCluster:
+class KubectlCluster:
+    """kubectl against a kubeconfig, and installing the CRDs: what every test cluster offers."""
+
+    kubeconfig: Path
+    kubectl_path: Path
+
+    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        """Run kubectl against this cluster; returns stdout, raises with stderr on failure."""
+        result = subprocess.run(
+            [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise LocalClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def apply_crds(self) -> None:
+        """Install the PDDeployment CRD with server-side apply and wait until it is served."""
+        self.kubectl(
+            "apply", "--server-side", "--field-manager=pd-operator", "-f", "-",
+            input_text=render_crd(),
+        )  # fmt: skip
+        self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/pddeployments.pdoperator.io",
+        )  # fmt: skip
+
+
+class LocalCluster(KubectlCluster):
     """Start with `start()` (or a `with` block); `stop()` leaves no process and no folder."""
 
     def __init__(self, *, install_crds: bool = True, keep_dir: bool = False) -> None:
@@ -212,31 +244,6 @@ class LocalCluster:
         self.processes.append(process)
         return process
 
-    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
-        """Run kubectl against this cluster; returns stdout, raises with stderr on failure."""
-        result = subprocess.run(
-            [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input_text,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise LocalClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result.stdout
-
-    def apply_crds(self) -> None:
-        """Install the PDDeployment CRD with server-side apply and wait until it is served."""
-        self.kubectl(
-            "apply", "--server-side", "--field-manager=pd-operator", "-f", "-",
-            input_text=render_crd(),
-        )  # fmt: skip
-        self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/pddeployments.pdoperator.io",
-        )  # fmt: skip
-
     def stop(self) -> None:
         """Stop every process (newest first) and remove the cluster's folder."""
         for process in reversed(self.processes):
@@ -250,10 +257,35 @@ class LocalCluster:
         return {process.name: process.log_tail(40) for process in self.processes}
 
 
+class ExistingCluster(KubectlCluster):
+    """A cluster that already runs (kind, a dev cluster): tests use it instead of starting one.
+
+    Set PD_TEST_KUBECONFIG to its kubeconfig; `start` installs the CRDs, `stop` leaves it be.
+    """
+
+    def __init__(self, kubeconfig: str | Path) -> None:
+        self.kubeconfig = Path(kubeconfig)
+        self.kubectl_path = find_binary("kubectl")
+        self.server = ""
+        self.startup_seconds = 0.0
+
+    def start(self) -> None:
+        """Install (or update) the CRDs with server-side apply."""
+        began = time.monotonic()
+        self.server = self.kubectl(
+            "config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"
+        )
+        self.apply_crds()
+        self.startup_seconds = time.monotonic() - began
+
+    def stop(self) -> None:
+        """Nothing to stop: the cluster is not ours."""
+
+
 def raise_if_missing() -> None:
     """Fail fast, naming the fix, when a control-plane binary is not provisioned."""
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
         find_binary(name)
 
 
-__all__ = ["LocalCluster", "LocalClusterError", "raise_if_missing"]
+__all__ = ["ExistingCluster", "LocalCluster", "LocalClusterError", "raise_if_missing"]
