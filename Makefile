@@ -81,3 +81,7 @@ kind-up: ## kind cluster shaped like config/clusters/articles.yaml (needs Docker
 .PHONY: kind-e2e
 kind-e2e: ## Build the image, kind load it, helm install the chart, reconcile a sample
 	MAKE="$(MAKE)" bash hack/kind.sh e2e
+
+.PHONY: demo
+demo: install ## The closed loop on one machine, live table, plot + summary (DEMO_ARGS="--duration 60")
+	PD_TESTBIN=$$(bash hack/testenv.sh | tail -n 1) $(BIN)/python -m pd_operator.cli.main demo $(DEMO_ARGS)

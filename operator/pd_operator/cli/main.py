@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from pd_operator import __version__
 
 if TYPE_CHECKING:
+    from pd_operator.core.planner import Workload
     from pd_operator.sim.cluster import SimCluster
 
 
@@ -177,6 +178,244 @@ def _add_sim(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     run.set_defaults(handler=_sim_cluster)
 
 
+def _key_values(items: list[str] | None) -> dict[str, float]:
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        out[key] = float(value)
+    return out
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    import json
+
+    import yaml
+
+    from pd_operator.api.document import parse_pddeployment
+    from pd_operator.core.hardware import MODEL_PROFILES
+    from pd_operator.core.learning import model_profile_for
+    from pd_operator.sim.offline import (
+        TABLE_COLUMNS,
+        Cluster,
+        Timing,
+        example_document,
+        load_trace,
+        markdown_table,
+        parse_cluster,
+        simulate,
+        table_row,
+    )
+    from pd_operator.sim.workload import (
+        ReplayOptions,
+        TokenLengths,
+        constant_rate,
+        synthetic_requests,
+    )
+
+    document = yaml.safe_load(Path(args.spec).read_text()) if args.spec else example_document()
+    spec = parse_pddeployment(document).spec
+    model = MODEL_PROFILES.get(args.model or "") or model_profile_for(spec.model.name)
+    if model is None:
+        print(f"pdctl: no model profile for {spec.model.name}; pass --model", file=sys.stderr)
+        return 2
+    if args.trace:
+        options = ReplayOptions(
+            start_s=args.start,
+            duration_s=args.duration,
+            rate_scale=args.rate_scale,
+            time_compression=args.time_compression,
+            seed=args.seed,
+        )
+        requests = load_trace(args.trace, options)
+    else:
+        lengths = TokenLengths(
+            args.input_tokens, args.output_tokens, 1.0, 1.0, cached_fraction=args.cache_hit
+        )
+        profile = constant_rate(args.rate, args.duration or 600.0)
+        requests = list(synthetic_requests(profile, lengths, seed=args.seed))
+    prices = _key_values(args.price)
+    cluster = (
+        parse_cluster(args.cluster, prices)
+        if args.cluster
+        else Cluster(Cluster.fitting(spec).node_types, prices)
+    )
+    timing = Timing(
+        scrape_interval_s=args.scrape_interval,
+        rate_window_s=args.rate_window,
+        decision_interval_s=args.decision_interval,
+        load_seconds=args.load_seconds,
+    )
+    results = [
+        simulate(
+            spec,
+            requests,
+            name,
+            model=model,
+            cluster=cluster,
+            timing=timing,
+            progress=lambda line: print(line, file=sys.stderr),
+        )
+        for name in args.policy or ["pd-operator"]
+    ]
+    if args.output:
+        Path(args.output).write_text(json.dumps([r.to_dict() for r in results], indent=1))
+    if args.format == "json":
+        print(json.dumps([r.summary() for r in results], indent=2))
+    else:
+        print(markdown_table([table_row(r) for r in results], TABLE_COLUMNS))
+    return 0
+
+
+def _workload_from(args: argparse.Namespace) -> "Workload":
+    from pd_operator.core.planner import Workload
+    from pd_operator.sim.offline import load_trace
+    from pd_operator.sim.workload import ReplayOptions
+
+    if not args.trace:
+        return Workload(args.rate, args.input_tokens, args.output_tokens, args.cache_hit)
+    requests = load_trace(args.trace, ReplayOptions(start_s=args.start, duration_s=args.duration))
+    span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
+    return Workload(
+        len(requests) / span,
+        sum(r.input_tokens for r in requests) / len(requests),
+        sum(r.output_tokens for r in requests) / len(requests),
+        args.cache_hit,
+    )
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    import yaml
+
+    from pd_operator.api.document import parse_pddeployment
+    from pd_operator.core.hardware import HARDWARE_PROFILES, MODEL_PROFILES
+    from pd_operator.core.planner import (
+        Target,
+        TokenPrices,
+        deployment_document,
+        parse_candidate,
+        plan,
+        plan_table,
+    )
+
+    model = MODEL_PROFILES[args.model]
+    candidates = [
+        parse_candidate(text, HARDWARE_PROFILES)
+        for text in args.candidate or ["mtt-s5000", "h200", "h20"]
+    ]
+    prices = TokenPrices(
+        input_per_million=args.input_price,
+        cached_per_million=args.cached_price,
+        output_per_million=args.output_price,
+        blended_per_million=args.blended_price if args.blended_price > 0 else None,
+    )
+    result = plan(
+        _workload_from(args), Target(args.ttft_ms, args.itl_ms), model, candidates, prices=prices
+    )
+    if result is None:
+        print("pdctl: no candidate mix meets the SLO", file=sys.stderr)
+        return 1
+    if args.format == "yaml":
+        document = deployment_document(result, name=args.name, model_name=args.model_name)
+        parse_pddeployment(document)  # never print a document the CRD would reject
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    elif args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(plan_table(result))
+    return 0
+
+
+def _add_load_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", help="Mooncake .jsonl, Azure or ServeGen CSV trace")
+    parser.add_argument("--start", type=float, default=0.0, help="trace seconds to skip")
+    parser.add_argument("--duration", type=float, help="seconds of trace or synthetic load")
+    parser.add_argument("--rate", type=float, default=1.0, help="synthetic requests per second")
+    parser.add_argument("--input-tokens", type=float, default=8000.0, help="mean prompt length")
+    parser.add_argument("--output-tokens", type=float, default=300.0, help="mean output length")
+    parser.add_argument("--cache-hit", type=float, default=0.0, help="prefix-cache hit rate")
+
+
+def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    sim = commands.add_parser(
+        "simulate", help="replay a trace through the engine simulator with a policy in the loop"
+    )
+    sim.add_argument("--spec", help="PDDeployment YAML (default: S5000 prefill, H200 decode)")
+    sim.add_argument("--model", help="model profile (default: from spec.model.name)")
+    _add_load_options(sim)
+    sim.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's rate")
+    sim.add_argument("--time-compression", type=float, default=1.0)
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--policy",
+        action="append",
+        help="pd-operator, static-peak, hpa, dynamo-sla[:arima], llm-d-slo, oracle (repeatable)",
+    )
+    sim.add_argument("--cluster", help="nodes per profile, e.g. h200=4x8,mtt-s5000=4x8")
+    sim.add_argument("--price", action="append", help="card-hour price, e.g. h200=3.5")
+    sim.add_argument("--scrape-interval", type=float, default=15.0, help="seconds")
+    sim.add_argument("--rate-window", type=float, help="seconds (default: spec windowSeconds)")
+    sim.add_argument("--decision-interval", type=float, help="seconds (default: spec)")
+    sim.add_argument("--load-seconds", type=float, help="model-load delay (default: profile)")
+    sim.add_argument("-o", "--format", choices=["table", "json"], default="table")
+    sim.add_argument("--output", help="write the full JSON result (per request) here")
+    sim.set_defaults(handler=_simulate)
+
+
+def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    plan = commands.add_parser("plan", help="cheapest prefill/decode pools meeting an SLO")
+    _add_load_options(plan)
+    plan.add_argument("--model", default="glm-4.5-fp8", help="model profile")
+    plan.add_argument("--model-name", default="zai-org/GLM-4.5-FP8", help="spec.model.name")
+    plan.add_argument("--name", default="planned", help="metadata.name of the YAML")
+    plan.add_argument("--ttft-ms", type=float, default=6000.0)
+    plan.add_argument("--itl-ms", type=float, default=20.0)
+    plan.add_argument(
+        "--candidate",
+        action="append",
+        help="PROFILE[:price=P][:cards=N][:buy=P][:max=N] (repeatable)",
+    )
+    plan.add_argument("--input-price", type=float, default=8.0, help="per million tokens")
+    plan.add_argument("--cached-price", type=float, default=2.0, help="per million tokens")
+    plan.add_argument("--output-price", type=float, default=8.0, help="per million tokens")
+    plan.add_argument(
+        "--blended-price", type=float, default=2.6, help="per million tokens; 0: use the others"
+    )
+    plan.add_argument("-o", "--format", choices=["table", "yaml", "json"], default="table")
+    plan.set_defaults(handler=_plan)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from pd_operator.sim.demo import DemoOptions, run_demo
+
+    # The table is the demo's output; the operator's and kopf's logs would scroll it away.
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR)
+    options = DemoOptions(duration_s=args.duration, load=args.load, plot=not args.no_plot)
+    if args.output:
+        options.output = Path(args.output)
+    return run_demo(options)
+
+
+def _add_demo(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="the closed loop on one machine: control plane, Prometheus, simulated S5000/H200 "
+        "cluster, operator, a load with a surge, a live table",
+    )
+    demo.add_argument("--duration", type=float, default=180.0, help="wall seconds of load")
+    demo.add_argument(
+        "--load",
+        choices=("auto", "trace", "synthetic"),
+        default="auto",
+        help="auto: the Mooncake conversation trace if ../shared/traces has it, else synthetic",
+    )
+    demo.add_argument("--no-plot", action="store_true", help="write the CSV only, no PNG")
+    demo.add_argument("--output", help="folder for demo.csv, demo.png, summary.txt")
+    demo.add_argument("-v", "--verbose", action="store_true")
+    demo.set_defaults(handler=_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """All pdctl subcommands."""
     parser = argparse.ArgumentParser(prog="pdctl", description=__doc__)
@@ -202,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(handler=_run)
     _add_sim(commands)
+    _add_simulate(commands)
+    _add_plan(commands)
+    _add_demo(commands)
     return parser
 
 

@@ -11,6 +11,7 @@ the scheduler (field selector), and bound pods (field selector; those on other n
 ignored). No per-pod GETs.
 """
 
+import contextlib
 import logging
 import re
 import threading
@@ -80,7 +81,11 @@ class Informer:
         self._stopping.set()
         response = self._response
         if response is not None:
-            response.shutdown()
+            # The watch may have closed its socket meanwhile (the server ended it, or the thread
+            # is between two watches); shutting a closed socket down raises, and must not stop
+            # the rest of the teardown (the nodes would be left behind for the next test).
+            with contextlib.suppress(OSError):
+                response.shutdown()
         if self._thread.ident is not None:  # started
             self._thread.join(timeout=10)
 

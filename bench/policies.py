@@ -1,0 +1,76 @@
+"""Every autoscaling policy on every trace: SLO attainment, card-hours, cost, scale actions.
+
+    .venv/bin/python bench/policies.py [TRACE ...] [--duration 600] [--csv out.csv]
+
+Without paths it runs every trace in ../shared/traces. Each trace is replayed for `--duration`
+seconds (a window from `--start`) through the offline simulator with the example deployment
+(MTT S5000 prefill, H200 decode, GLM-4.5-FP8, replicas of 8 cards). ServeGen aggregates are
+rate curves over 14 days: they are replayed 144x faster (one day per 10 minutes) and scaled to
+`--servegen-rps` mean requests per second. Prints a markdown table; `--csv` also writes CSV.
+"""
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+from pd_operator.api.document import parse_pddeployment
+from pd_operator.core.hardware import GLM_45_FP8
+from pd_operator.sim.offline import (
+    POLICY_NAMES,
+    TABLE_COLUMNS,
+    example_document,
+    load_trace,
+    markdown_table,
+    simulate,
+    table_row,
+)
+from pd_operator.sim.workload import ReplayOptions
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+SERVEGEN_COMPRESSION = 144.0  # one day of windows per 10 replayed minutes
+SERVEGEN_MEAN_RPS = 1790.0  # the m-mid aggregate's mean; m-small's is close enough for scaling
+COLUMNS = ("trace", *TABLE_COLUMNS)
+
+
+def _options(path: Path, start: float, duration: float, servegen_rps: float) -> ReplayOptions:
+    if "servegen" in path.name:
+        return ReplayOptions(
+            start_s=start * SERVEGEN_COMPRESSION,
+            duration_s=duration * SERVEGEN_COMPRESSION,
+            rate_scale=servegen_rps / SERVEGEN_MEAN_RPS / SERVEGEN_COMPRESSION,
+            time_compression=SERVEGEN_COMPRESSION,
+        )
+    return ReplayOptions(start_s=start, duration_s=duration)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", nargs="*", type=Path)
+    parser.add_argument("--start", type=float, default=0.0)
+    parser.add_argument("--duration", type=float, default=600.0)
+    parser.add_argument("--servegen-rps", type=float, default=20.0)
+    parser.add_argument("--policy", action="append", help="default: every policy")
+    parser.add_argument("--csv", type=Path)
+    args = parser.parse_args()
+    paths = args.traces or sorted(p for p in TRACES.iterdir() if p.suffix in (".csv", ".jsonl"))
+    spec = parse_pddeployment(example_document()).spec
+    rows = []
+    for path in paths:
+        requests = load_trace(path, _options(path, args.start, args.duration, args.servegen_rps))
+        print(f"{path.name}: {len(requests):,} requests", file=sys.stderr)
+        for policy in args.policy or POLICY_NAMES:
+            result = simulate(spec, requests, policy, model=GLM_45_FP8)
+            rows.append({"trace": path.name, **table_row(result)})
+            print(f"  {policy}: {rows[-1]}", file=sys.stderr)
+    print(markdown_table(rows, COLUMNS))
+    if args.csv:
+        with args.csv.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

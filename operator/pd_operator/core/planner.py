@@ -1,0 +1,471 @@
+"""Capacity planning: the cheapest prefill and decode pools that meet an SLO for a workload.
+
+Pure functions of the performance model (`core.perfmodel`). For each role and each candidate
+card, one replica's capacity within the SLO is computed; the planner then tries every count of
+one or two candidate pools per role (two pools of different vendors make a mixed pool) and keeps
+the cheapest feasible one per role. How each estimate is made:
+
+* Prefill: one prompt of the mean length, with the prefix-cache hit rate taken off its compute,
+  in batches of up to 8,192 new tokens (vLLM's default). Requests queue at a replica like an
+  M/D/1 queue, so the predicted TTFT at utilisation rho is `s * (1 + rho / (2 (1 - rho)))` plus
+  the KV transfer to decode; replicas are added until it meets the TTFT target.
+* Decode: each request holds a slot for `output * ITL` seconds (Little's law); the batch per
+  replica is the fixed point of `B = rate * output * ITL(B) / replicas`, feasible when
+  ITL(B) meets the ITL target and B sequences of `input + output` tokens fit in the KV cache.
+* Cost per million tokens counts input and output tokens; revenue uses the token prices
+  (CONTEXT.md: 8 CNY per million uncached input, 2 per million cached, 2.6 blended); payback is
+  the purchase price of the cards over the hourly margin (revenue minus card-hour cost).
+"""
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pd_operator.core.hardware import HardwareProfile, ModelProfile
+from pd_operator.core.perfmodel import (
+    PrefillCoefficients,
+    decode_itl_ms,
+    kv_transfer_seconds,
+    max_concurrent_sequences,
+)
+
+PREFILL_BATCH_TOKENS = 8192
+MAX_DECODE_BATCH = 1024
+MAX_REPLICAS = 256
+# Keep some headroom: at 95% a queue's latency is too sensitive to a burst to plan for.
+MAX_UTILISATION = 0.95
+DEFAULT_LINK_BYTES_PER_SECOND = 100e9  # as the engine simulator (Mooncake's low end)
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Mean request rate and lengths; `cache_hit_rate` is the share of prompt tokens cached."""
+
+    rate_rps: float
+    input_tokens: float
+    output_tokens: float
+    cache_hit_rate: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rate_rps <= 0 or self.input_tokens < 1 or self.output_tokens < 1:
+            raise ValueError("rate must be positive and lengths at least one token")
+        if not 0 <= self.cache_hit_rate < 1:
+            raise ValueError("cache hit rate must lie in [0, 1)")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.rate_rps * (self.input_tokens + self.output_tokens)
+
+
+@dataclass(frozen=True)
+class Target:
+    ttft_ms: float
+    itl_ms: float
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A card the planner may use: its profile, cards per replica, prices, availability."""
+
+    hardware: HardwareProfile
+    cards_per_replica: int = 8
+    card_hour_price: float | None = None  # None: the profile's placeholder price
+    purchase_price: float | None = None  # per card, for the payback time
+    max_cards: int | None = None  # cards available of this type, both roles together
+
+    @property
+    def price(self) -> float:
+        if self.card_hour_price is not None:
+            return self.card_hour_price
+        return self.hardware.hourly_price_usd
+
+
+@dataclass(frozen=True)
+class TokenPrices:
+    """Prices per million tokens (CONTEXT.md's business case, in CNY)."""
+
+    input_per_million: float = 8.0
+    cached_per_million: float = 2.0
+    output_per_million: float = 8.0
+    blended_per_million: float | None = 2.6  # when set, every token earns this
+
+    def revenue_per_hour(self, workload: Workload) -> float:
+        hour = workload.rate_rps * 3600 / 1e6
+        if self.blended_per_million is not None:
+            return (
+                hour * (workload.input_tokens + workload.output_tokens) * (self.blended_per_million)
+            )
+        cached = workload.input_tokens * workload.cache_hit_rate
+        return hour * (
+            (workload.input_tokens - cached) * self.input_per_million
+            + cached * self.cached_per_million
+            + workload.output_tokens * self.output_per_million
+        )
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    role: str
+    candidate: Candidate
+    replicas: int
+
+    @property
+    def cards(self) -> int:
+        return self.replicas * self.candidate.cards_per_replica
+
+    @property
+    def cost_per_hour(self) -> float:
+        return self.cards * self.candidate.price
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The cheapest feasible pools and what they are predicted to do."""
+
+    workload: Workload
+    target: Target
+    pools: tuple[PoolPlan, ...]
+    ttft_ms: float
+    itl_ms: float
+    revenue_per_hour: float
+
+    @property
+    def cost_per_hour(self) -> float:
+        return sum(p.cost_per_hour for p in self.pools)
+
+    @property
+    def cost_per_million_tokens(self) -> float:
+        return self.cost_per_hour / (self.workload.tokens_per_second * 3600 / 1e6)
+
+    def cards(self, role: str | None = None) -> int:
+        return sum(p.cards for p in self.pools if role is None or p.role == role)
+
+    @property
+    def payback_hours(self) -> float | None:
+        """Purchase price of every card over the hourly margin; None without prices or margin."""
+        prices = [p.candidate.purchase_price for p in self.pools]
+        margin = self.revenue_per_hour - self.cost_per_hour
+        if any(price is None for price in prices) or margin <= 0:
+            return None
+        capex = sum(p.cards * (p.candidate.purchase_price or 0.0) for p in self.pools)
+        return capex / margin
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pools": [
+                {
+                    "role": p.role,
+                    "profile": p.candidate.hardware.name,
+                    "replicas": p.replicas,
+                    "cards_per_replica": p.candidate.cards_per_replica,
+                    "cards": p.cards,
+                    "cost_per_hour": p.cost_per_hour,
+                }
+                for p in self.pools
+            ],
+            "predicted_ttft_ms": self.ttft_ms,
+            "predicted_itl_ms": self.itl_ms,
+            "cost_per_hour": self.cost_per_hour,
+            "cost_per_million_tokens": self.cost_per_million_tokens,
+            "revenue_per_hour": self.revenue_per_hour,
+            "payback_hours": self.payback_hours,
+        }
+
+
+def prefill_service_s(candidate: Candidate, model: ModelProfile, workload: Workload) -> float:
+    """Seconds one replica spends per prompt in steady batches (batch time / prompts)."""
+    prompt = max(1, round(workload.input_tokens))
+    cached = min(prompt - 1, math.floor(prompt * workload.cache_hit_rate))
+    batch = max(1, PREFILL_BATCH_TOKENS // max(1, prompt - cached))
+    coefficients = PrefillCoefficients.from_profiles(
+        candidate.hardware, model, candidate.cards_per_replica
+    )
+    return coefficients.batch_ms([prompt] * batch, [cached] * batch) / 1000 / batch
+
+
+def predicted_ttft_s(
+    service_s: Sequence[float], replicas: Sequence[int], rate_rps: float, transfer_s: float
+) -> float:
+    """M/D/1 TTFT with the load shared in proportion to each pool's throughput; inf if full."""
+    throughput = sum(n / s for n, s in zip(replicas, service_s, strict=True))
+    if throughput <= 0:
+        return math.inf
+    rho = rate_rps / throughput
+    if rho >= MAX_UTILISATION:
+        return math.inf
+    worst = max(s for n, s in zip(replicas, service_s, strict=True) if n > 0)
+    return worst * (1 + rho / (2 * (1 - rho))) + transfer_s
+
+
+def decode_itl_at(
+    candidates: Sequence[Candidate], replicas: Sequence[int], model: ModelProfile, work: Workload
+) -> float:
+    """ITL (ms) at the fixed point of Little's law; inf when the slots or the KV do not suffice."""
+    context = round(work.input_tokens + work.output_tokens / 2)
+    worst = 0.0
+    total = sum(replicas)
+    if total == 0:
+        return math.inf
+    # The router spreads sequences evenly over replicas; each pool's batch follows its ITL.
+    itl = 20.0
+    for _ in range(50):
+        batch = work.rate_rps * work.output_tokens * itl / 1000 / total
+        itls = []
+        for candidate, n in zip(candidates, replicas, strict=True):
+            if n == 0:
+                continue
+            fits = max_concurrent_sequences(
+                candidate.hardware,
+                model,
+                candidate.cards_per_replica,
+                round(work.input_tokens + work.output_tokens),
+            )
+            b = max(1, math.ceil(batch))
+            if b > min(fits, MAX_DECODE_BATCH):
+                return math.inf
+            itls.append(
+                decode_itl_ms(candidate.hardware, model, candidate.cards_per_replica, b, context)
+            )
+        worst = max(itls)
+        if abs(worst - itl) < 1e-3:
+            break
+        itl = worst
+    return worst
+
+
+def _options(candidates: Sequence[Candidate]) -> list[tuple[Candidate, ...]]:
+    singles = [(c,) for c in candidates]
+    return singles + list(itertools.combinations(candidates, 2))
+
+
+def _cheapest(
+    role: str,
+    candidates: Sequence[Candidate],
+    feasible: Any,
+    cards_left: dict[str, int],
+) -> tuple[tuple[PoolPlan, ...], float] | None:
+    best: tuple[tuple[PoolPlan, ...], float] | None = None
+    best_cost = math.inf
+    for option in _options(candidates):
+        limits = [
+            min(MAX_REPLICAS, cards_left.get(c.hardware.name, 10**9) // c.cards_per_replica)
+            for c in option
+        ]
+        for n0 in range(1, limits[0] + 1):
+            if n0 * option[0].cards_per_replica * option[0].price >= best_cost:
+                break  # the first pool alone already costs more than the best plan
+            counts = [n0]
+            if len(option) == 2:
+                # The fewest of the second pool that make it feasible, by bisection.
+                low, high = 1, limits[1]
+                if high < 1 or feasible(option, [n0, high]) is None:
+                    continue
+                while low < high:
+                    middle = (low + high) // 2
+                    if feasible(option, [n0, middle]) is None:
+                        low = middle + 1
+                    else:
+                        high = middle
+                counts.append(low)
+            latency = feasible(option, counts)
+            if latency is None:
+                continue
+            plans = tuple(PoolPlan(role, c, n) for c, n in zip(option, counts, strict=True))
+            cost = sum(p.cost_per_hour for p in plans)
+            if cost < best_cost - 1e-9:
+                best, best_cost = (plans, latency), cost
+            if len(option) == 1:
+                break  # more replicas of one pool only cost more
+    return best
+
+
+def plan(
+    workload: Workload,
+    target: Target,
+    model: ModelProfile,
+    candidates: Sequence[Candidate],
+    *,
+    prices: TokenPrices = TokenPrices(),
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
+) -> Plan | None:
+    """The cheapest feasible plan, or None when no candidate mix meets the SLO."""
+    prompt = round(workload.input_tokens)
+    transfer = kv_transfer_seconds(prompt, model, link_bytes_per_second)
+
+    def prefill_ok(option: Sequence[Candidate], counts: Sequence[int]) -> float | None:
+        service = [prefill_service_s(c, model, workload) for c in option]
+        ttft = predicted_ttft_s(service, counts, workload.rate_rps, transfer) * 1000
+        return ttft if ttft <= target.ttft_ms else None
+
+    def decode_ok(option: Sequence[Candidate], counts: Sequence[int]) -> float | None:
+        itl = decode_itl_at(option, counts, model, workload)
+        return itl if itl <= target.itl_ms else None
+
+    # Decode first: it is usually the scarcer pool on shared card types.
+    cards_left = {c.hardware.name: c.max_cards for c in candidates if c.max_cards is not None}
+    decode = _cheapest("decode", candidates, decode_ok, dict(cards_left))
+    if decode is None:
+        return None
+    for pool in decode[0]:
+        name = pool.candidate.hardware.name
+        if name in cards_left:
+            cards_left[name] -= pool.cards
+    prefill = _cheapest("prefill", candidates, prefill_ok, cards_left)
+    if prefill is None:
+        return None
+    return Plan(
+        workload=workload,
+        target=target,
+        pools=prefill[0] + decode[0],
+        ttft_ms=prefill[1],
+        itl_ms=decode[1],
+        revenue_per_hour=prices.revenue_per_hour(workload),
+    )
+
+
+def evaluate(
+    workload: Workload,
+    target: Target,
+    model: ModelProfile,
+    pools: Sequence[PoolPlan],
+    *,
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
+) -> tuple[float, float]:
+    """Predicted (TTFT ms, ITL ms) of given pools; inf where a role cannot keep up."""
+    prompt = round(workload.input_tokens)
+    transfer = kv_transfer_seconds(prompt, model, link_bytes_per_second)
+    prefill = [p for p in pools if p.role == "prefill"]
+    decode = [p for p in pools if p.role == "decode"]
+    service = [prefill_service_s(p.candidate, model, workload) for p in prefill]
+    ttft = predicted_ttft_s(service, [p.replicas for p in prefill], workload.rate_rps, transfer)
+    itl = decode_itl_at(
+        [p.candidate for p in decode], [p.replicas for p in decode], model, workload
+    )
+    return ttft * 1000, itl
+
+
+def max_rate(
+    workload: Workload,
+    target: Target,
+    model: ModelProfile,
+    pools: Sequence[PoolPlan],
+) -> float:
+    """Highest request rate the pools serve within the SLO (the plan's goodput), by bisection."""
+    low, high = 0.0, workload.rate_rps
+    while True:
+        ttft, itl = evaluate(_at(workload, high), target, model, pools)
+        if ttft > target.ttft_ms or itl > target.itl_ms:
+            break
+        low, high = high, high * 2
+    for _ in range(40):
+        middle = (low + high) / 2
+        ttft, itl = evaluate(_at(workload, middle), target, model, pools)
+        if ttft <= target.ttft_ms and itl <= target.itl_ms:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _at(workload: Workload, rate: float) -> Workload:
+    return Workload(
+        max(rate, 1e-9), workload.input_tokens, workload.output_tokens, workload.cache_hit_rate
+    )
+
+
+def deployment_document(
+    plan_: Plan,
+    *,
+    name: str,
+    model_name: str,
+    image: str = "vllm/vllm-openai:v0.11.0",
+    context_length: int | None = None,
+    headroom_replicas: int = 2,
+) -> dict[str, Any]:
+    """A PDDeployment for the plan: each pool starts at the planned replicas (min 1) and may
+    grow by `headroom_replicas`; the SLO is the plan's target at P50."""
+    roles: dict[str, list[dict[str, Any]]] = {"prefill": [], "decode": []}
+    for pool in plan_.pools:
+        hardware = pool.candidate.hardware
+        vendor = hardware.resource_name.split("/")[0]
+        roles[pool.role].append(
+            {
+                "name": hardware.name.replace(".", "-"),
+                "accelerator": {
+                    "resourceName": hardware.resource_name,
+                    "perReplica": pool.candidate.cards_per_replica,
+                    "tolerations": [
+                        {
+                            "key": hardware.resource_name,
+                            "operator": "Exists",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                    "profile": hardware.name,
+                    "nodeSelector": {f"{vendor}/gpu.product": hardware.name},
+                },
+                "replicas": {"min": 1, "max": max(1, pool.replicas) + headroom_replicas},
+            }
+        )
+    model: dict[str, Any] = {"name": model_name, "image": image}
+    if context_length is not None:
+        model["contextLength"] = context_length
+    return {
+        "apiVersion": "pdoperator.io/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "model": model,
+            "kvTransfer": {"connector": "Mooncake", "protocol": "RDMA", "cacheDtype": "FP8"},
+            "slo": {
+                "ttft": {"percentile": "P50", "targetMilliseconds": round(plan_.target.ttft_ms)},
+                "itl": {"percentile": "P50", "targetMilliseconds": round(plan_.target.itl_ms)},
+                "windowSeconds": 60,
+            },
+            "prefill": {"pools": roles["prefill"]},
+            "decode": {"pools": roles["decode"]},
+            "scaling": {"mode": "Active", "intervalSeconds": 30},
+        },
+    }
+
+
+def parse_candidate(text: str, profiles: Mapping[str, HardwareProfile]) -> Candidate:
+    """`h200`, or `mtt-s5000:price=1.5:cards=8:buy=20000:max=32` (price per card-hour)."""
+    name, *options = text.split(":")
+    if name not in profiles:
+        raise ValueError(f"unknown hardware profile {name!r}; known: {', '.join(profiles)}")
+    values: dict[str, float] = {}
+    for option in options:
+        key, _, value = option.partition("=")
+        if key not in ("price", "cards", "buy", "max"):
+            raise ValueError(f"unknown candidate option {key!r} in {text!r}")
+        values[key] = float(value)
+    return Candidate(
+        profiles[name],
+        cards_per_replica=int(values.get("cards", 8)),
+        card_hour_price=values.get("price"),
+        purchase_price=values.get("buy"),
+        max_cards=int(values["max"]) if "max" in values else None,
+    )
+
+
+def plan_table(result: Plan) -> str:
+    """The plan as a fixed-width table with the predictions and the money underneath."""
+    lines = [f"{'role':<8} {'profile':<10} {'replicas':>8} {'cards':>6} {'cost/h':>10}"]
+    for pool in result.pools:
+        lines.append(
+            f"{pool.role:<8} {pool.candidate.hardware.name:<10} {pool.replicas:>8} "
+            f"{pool.cards:>6} {pool.cost_per_hour:>10.2f}"
+        )
+    payback = result.payback_hours
+    lines += [
+        f"predicted TTFT {result.ttft_ms:,.0f} ms (target {result.target.ttft_ms:,.0f}), "
+        f"ITL {result.itl_ms:.1f} ms (target {result.target.itl_ms:,.0f})",
+        f"cost {result.cost_per_hour:,.2f}/h, {result.cost_per_million_tokens:.3f} per million "
+        f"tokens; revenue {result.revenue_per_hour:,.2f}/h",
+        "payback " + (f"{payback:,.0f} h ({payback / 24:,.1f} days)" if payback else "n/a"),
+    ]
+    return "\n".join(lines)

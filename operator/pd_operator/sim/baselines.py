@@ -1,0 +1,405 @@
+"""Autoscaling policies the offline simulator runs: the operator's own and the baselines.
+
+Every policy sees a `View` at its own interval and answers replicas per pool. `pd-operator`
+calls `core.policy.decide` unchanged; the others re-implement the documented control laws of
+the systems in /work/shared/CONTEXT.md ("What the best existing systems do") from their
+defaults, with per-replica capacity taken from the same performance-model seeds the operator
+uses (`core.learning.seed_capacity`), which is what Dynamo's offline profiles provide.
+"""
+
+import itertools
+import math
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
+from pd_operator.core.decision import Observation, PoolKey
+from pd_operator.core.learning import seed_capacity
+from pd_operator.core.policy import decide
+from pd_operator.core.policy_state import PolicyState
+from pd_operator.sim.offline_metrics import WindowStats
+from pd_operator.sim.workload import Request
+
+ROLES: tuple[Role, Role] = ("prefill", "decode")
+# Baselines size for demand at this share of the profiled capacity, as the operator does
+# (core.control_law.TARGET_UTILISATION), so differences come from the loops, not the margin.
+UTILISATION = 0.8
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """What a router/frontend counts over a window: arrivals and their mean lengths."""
+
+    rate_rps: float
+    mean_input_tokens: float
+    mean_output_tokens: float
+    cached_fraction: float
+    # Hindsight only: replica-seconds per second of prefill work on the first prefill pool,
+    # from each prompt's own length (the L**2 term makes the mean prompt a poor stand-in).
+    prefill_busy: float | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """Everything a policy may read at one decision."""
+
+    now: float
+    spec: PDDeploymentSpec
+    observation: Observation  # exactly what the operator would pass to `decide`
+    stats: Mapping[Role, WindowStats]
+    frontend: Frontend
+    replicas: Mapping[PoolKey, int]  # what each pool asks for now
+    room: Mapping[PoolKey, int]  # most replicas each pool could have (bounds and nodes)
+
+
+class Policy(Protocol):
+    name: str
+    interval_s: float
+    warm_up: bool  # False: new replicas serve at once (the oracle)
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]: ...
+
+
+def demand_tokens(frontend: Frontend, role: Role) -> float:
+    """Tokens/s a role must serve: uncached prompt tokens (prefill) or output tokens (decode)."""
+    if role == "prefill":
+        return frontend.rate_rps * frontend.mean_input_tokens * (1 - frontend.cached_fraction)
+    return frontend.rate_rps * frontend.mean_output_tokens
+
+
+def per_replica(spec: PDDeploymentSpec, role: Role, pool: PoolSpec, prompt_tokens: float) -> float:
+    """Tokens/s one replica serves within the SLO, from the profiles (Dynamo's offline profile)."""
+    prompt = max(1, round(prompt_tokens))
+    value = seed_capacity(spec, role, pool, prompt)
+    if value is None or value <= 0:
+        raise ValueError(f"pool {role}/{pool.name} needs a known hardware and model profile")
+    return value
+
+
+def fill(
+    spec: PDDeploymentSpec,
+    role: Role,
+    demand: float,
+    prompt_tokens: float,
+    room: Mapping[PoolKey, int],
+    *,
+    utilisation: float = UTILISATION,
+) -> dict[PoolKey, int]:
+    """Replicas per pool for `demand` tokens/s, pools filled in preference order."""
+    left = demand / utilisation
+    out: dict[PoolKey, int] = {}
+    for pool in spec.pools(role):
+        key = (role, pool.name)
+        most = room.get(key, pool.replicas.max)
+        each = per_replica(spec, role, pool, prompt_tokens)
+        n = max(pool.replicas.min, min(most, math.ceil(max(0.0, left) / each - 1e-9)))
+        out[key] = n
+        left -= n * each
+    return out
+
+
+def _clamp(spec: PDDeploymentSpec, key: PoolKey, value: int, room: Mapping[PoolKey, int]) -> int:
+    pool = next(p for p in spec.pools(key[0]) if p.name == key[1])
+    return max(pool.replicas.min, min(room.get(key, pool.replicas.max), value))
+
+
+@dataclass
+class OperatorPolicy:
+    """The operator's policy: `core.policy.decide` with its state carried between calls."""
+
+    interval_s: float
+    name: str = "pd-operator"
+    warm_up: bool = True
+    state: PolicyState = field(default_factory=PolicyState)
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        decision = decide(view.spec, view.observation, self.state, view.now)
+        if decision is None:
+            return view.replicas
+        self.state = decision.state
+        return decision.replicas
+
+
+@dataclass
+class StaticPeak:
+    """Fixed replicas sized once for the trace's busiest minute (what most clusters run)."""
+
+    replicas: Mapping[PoolKey, int]
+    name: str = "static-peak"
+    interval_s: float = 3600.0
+    warm_up: bool = True
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        return self.replicas
+
+
+@dataclass
+class HPA:
+    """Kubernetes HPA, one metric per role (as AIBrix and llm-d's KEDA setups use).
+
+    Defaults from CONTEXT.md (KEDA/HPA): 15 s sync, 10% tolerance, 300 s scale-down
+    stabilization (the highest recommendation in the window wins); scale-up at most x2 or +4
+    pods per 60 s, whichever is more. Metrics, one per role as in llm-d's KEDA guide: prefill
+    scales on in-flight requests (waiting + running) per ready pod against what one replica
+    holds within the TTFT target at `UTILISATION` of its profiled capacity (Little's law);
+    decode on mean KV-cache usage against 0.8. Served tokens/s would be a poor metric: it
+    saturates at capacity, so it never shows the queue behind a full pool.
+    """
+
+    name: str = "hpa"
+    interval_s: float = 15.0
+    warm_up: bool = True
+    tolerance: float = 0.1
+    down_window_s: float = 300.0
+    up_period_s: float = 60.0
+    history: dict[PoolKey, list[tuple[float, int]]] = field(default_factory=dict)
+    ups: dict[PoolKey, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        out = dict(view.replicas)
+        for role in ROLES:
+            pools = view.spec.pools(role)
+            ready_total = sum(view.observation.pools[(role, p.name)].ready for p in pools)
+            for pool in pools:
+                key = (role, pool.name)
+                current = view.replicas[key]
+                ready = view.observation.pools[key].ready
+                ratio = _hpa_ratio(view, role, pool, ready_total)
+                if ratio is None or ready == 0:
+                    continue  # HPA skips a scale when the metric is missing
+                raw = current if abs(ratio - 1) <= self.tolerance else math.ceil(ready * ratio)
+                out[key] = self._limit(view, key, current, raw)
+        return out
+
+    def _limit(self, view: View, key: PoolKey, current: int, raw: int) -> int:
+        now = view.now
+        history = [(t, r) for t, r in self.history.get(key, []) if t > now - self.down_window_s]
+        history.append((now, raw))
+        self.history[key] = history
+        value = raw
+        if raw < current:
+            value = min(current, max(r for _, r in history))
+        ups = [(t, n) for t, n in self.ups.get(key, []) if t > now - self.up_period_s]
+        if value > current:
+            base = current - sum(n for _, n in ups)
+            most = max(2 * base, base + 4)
+            value = max(current, min(value, most))
+            ups.append((now, value - current))
+        self.ups[key] = ups
+        return _clamp(view.spec, key, value, view.room)
+
+
+KV_USAGE_TARGET = 0.8
+
+
+def _hpa_ratio(view: View, role: Role, pool: PoolSpec, ready_total: int) -> float | None:
+    """Metric per pod over its target, or None when unreadable."""
+    signals = view.observation.signals.get(role)
+    if signals is None or ready_total == 0:
+        return None
+    if role == "decode":
+        usage = signals.kv_cache_usage.rate_or_zero()
+        return None if usage is None else usage / KV_USAGE_TARGET
+    waiting = signals.queue_depth.rate_or_zero()
+    running = signals.running_requests.rate_or_zero()
+    if waiting is None or running is None:
+        return None
+    prompt = view.frontend.mean_input_tokens or 1.0
+    ttft_s = view.spec.slo.ttft.target_milliseconds / 1000
+    per_pod = UTILISATION * per_replica(view.spec, role, pool, prompt) * ttft_s / prompt
+    return (waiting + running) / ready_total / max(per_pod, 1.0)
+
+
+def _arima_forecast(history: Sequence[float]) -> float:
+    """ARIMA(1,1,0): AR(1) on first differences fitted by least squares; constant if short."""
+    if len(history) < 3:
+        return history[-1] if history else 0.0
+    diffs = [b - a for a, b in itertools.pairwise(history)]
+    x, y = diffs[:-1], diffs[1:]
+    denominator = sum(v * v for v in x)
+    phi = sum(a * b for a, b in zip(x, y, strict=True)) / denominator if denominator else 0.0
+    phi = max(-0.99, min(0.99, phi))
+    return max(0.0, history[-1] + phi * diffs[-1])
+
+
+@dataclass
+class DynamoSLA:
+    """NVIDIA Dynamo's SLA planner (CONTEXT.md).
+
+    Predictive loop every 180 s: forecast the next interval's request rate and mean lengths
+    (`predictor` "constant" = last value, or "arima" = ARIMA(1,1,0)), then replicas =
+    ceil(predicted demand / per-replica capacity at the SLO) from offline profiles, within the
+    cards the nodes have left (Dynamo's one GPU budget for P+D). Reactive loop every 5 s: +1
+    replica on a role whose *average* TTFT/ITL exceeds its target, -1 when under half of it
+    (Dynamo reads frontend averages).
+    """
+
+    predictor: str = "constant"
+    name: str = "dynamo-sla"
+    interval_s: float = 5.0
+    warm_up: bool = True
+    predict_every_s: float = 180.0
+    last_predict: float = -math.inf
+    rates: list[float] = field(default_factory=list)
+    last_reactive: dict[Role, float] = field(default_factory=dict)
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        out = dict(view.replicas)
+        if view.now - self.last_predict >= self.predict_every_s - 1e-9:
+            self.last_predict = view.now
+            self.rates.append(view.frontend.rate_rps)
+            rate = _arima_forecast(self.rates) if self.predictor == "arima" else self.rates[-1]
+            predicted = Frontend(
+                rate,
+                view.frontend.mean_input_tokens,
+                view.frontend.mean_output_tokens,
+                view.frontend.cached_fraction,
+            )
+            prompt = view.frontend.mean_input_tokens or 1
+            for role in ROLES:
+                # Dynamo sizes at the profile's capacity at the SLO, without a headroom margin.
+                out.update(
+                    fill(
+                        view.spec,
+                        role,
+                        demand_tokens(predicted, role),
+                        prompt,
+                        view.room,
+                        utilisation=1.0,
+                    )
+                )
+            return out
+        for role in ROLES:
+            stats = view.stats.get(role)
+            mean = stats.mean_latency_s if stats else None
+            if mean is None:
+                continue  # NaN at zero traffic: Dynamo holds
+            target = view.spec.slo.ttft if role == "prefill" else view.spec.slo.itl
+            ratio = mean / (target.target_milliseconds / 1000)
+            step = 1 if ratio > 1 else -1 if ratio < 0.5 else 0
+            if step == 0:
+                continue
+            pool = view.spec.pools(role)[0 if step > 0 else -1]
+            key = (role, pool.name)
+            out[key] = _clamp(view.spec, key, view.replicas[key] + step, view.room)
+        return out
+
+
+@dataclass
+class LlmdSLO:
+    """llm-d's SLO-aware control law (CONTEXT.md).
+
+    s = max(P90 TTFT / target, P90 TPOT / target); scale up when s > 0.55, down when s < 0.40,
+    at most 4 pods per 60 s up and 1 pod per 120 s down. Each role uses its own latency (TTFT
+    for prefill, TPOT for decode): with disaggregation the max picks which role breaches.
+    """
+
+    name: str = "llm-d-slo"
+    interval_s: float = 15.0
+    warm_up: bool = True
+    up_at: float = 0.55
+    down_at: float = 0.40
+    up_pods: int = 4
+    up_period_s: float = 60.0
+    down_period_s: float = 120.0
+    ups: dict[Role, list[tuple[float, int]]] = field(default_factory=dict)
+    last_down: dict[Role, float] = field(default_factory=dict)
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        out = dict(view.replicas)
+        for role in ROLES:
+            stats = view.stats.get(role)
+            if stats is None or stats.p90_latency_s is None:
+                continue
+            target = view.spec.slo.ttft if role == "prefill" else view.spec.slo.itl
+            s = stats.p90_latency_s / (target.target_milliseconds / 1000)
+            pools = view.spec.pools(role)
+            ups = [(t, n) for t, n in self.ups.get(role, []) if t > view.now - self.up_period_s]
+            self.ups[role] = ups
+            if s > self.up_at:
+                allowed = self.up_pods - sum(n for _, n in ups)
+                current = sum(view.replicas[(role, p.name)] for p in pools)
+                want = min(allowed, max(1, math.ceil(current * (s / self.up_at - 1))))
+                for pool in pools:
+                    key = (role, pool.name)
+                    grown = _clamp(view.spec, key, view.replicas[key] + max(0, want), view.room)
+                    want -= grown - view.replicas[key]
+                    ups.append((view.now, grown - view.replicas[key]))
+                    out[key] = grown
+            elif s < self.down_at and (
+                view.now - self.last_down.get(role, -math.inf) >= self.down_period_s
+            ):
+                for pool in reversed(pools):
+                    key = (role, pool.name)
+                    shrunk = _clamp(view.spec, key, view.replicas[key] - 1, view.room)
+                    if shrunk < view.replicas[key]:
+                        out[key] = shrunk
+                        self.last_down[role] = view.now
+                        break
+        return out
+
+
+class Arrivals:
+    """Requests sorted by arrival with prefix sums: any window's frontend counts in O(log n)."""
+
+    def __init__(
+        self, requests: Sequence[Request], prefill_s: Callable[[Request], float] | None = None
+    ) -> None:
+        self.times = [r.arrival_s for r in requests]
+        self._sums = [(0, 0, 0)]
+        self._busy = [0.0]
+        for r in requests:
+            i, o, c = self._sums[-1]
+            self._sums.append((i + r.input_tokens, o + r.output_tokens, c + r.cached_tokens))
+            self._busy.append(self._busy[-1] + (prefill_s(r) if prefill_s else 0.0))
+        self._has_busy = prefill_s is not None
+
+    def between(self, start: float, end: float) -> Frontend:
+        """Arrivals in [start, end): rate and mean lengths."""
+        low, high = bisect_left(self.times, start), bisect_left(self.times, end)
+        count = high - low
+        if count <= 0 or end <= start:
+            return Frontend(0.0, 0.0, 0.0, 0.0)
+        inputs, outputs, cached = (
+            b - a for a, b in zip(self._sums[low], self._sums[high], strict=True)
+        )
+        busy = (self._busy[high] - self._busy[low]) / (end - start) if self._has_busy else None
+        return Frontend(
+            count / (end - start), inputs / count, outputs / count, cached / inputs, busy
+        )
+
+
+def hindsight_demand(spec: PDDeploymentSpec, frontend: Frontend, role: Role) -> float:
+    """Tokens/s to size a role for, using the per-prompt prefill work when it is known."""
+    if role == "prefill" and frontend.prefill_busy is not None:
+        first = spec.pools("prefill")[0]
+        return frontend.prefill_busy * per_replica(
+            spec, "prefill", first, frontend.mean_input_tokens or 1
+        )
+    return demand_tokens(frontend, role)
+
+
+@dataclass
+class Oracle:
+    """Hindsight lower bound: every `interval_s`, exactly the replicas the *coming* interval's
+    offered load needs at 100% of the profiled per-replica capacity, ready at once (no
+    warm-up, no stabilization, no step limits). Its card-hours are the fewest the performance
+    model allows for the trace at that granularity; its attainment shows what the profile's
+    capacity is worth when nothing else is in the way.
+    """
+
+    arrivals: Arrivals
+    name: str = "oracle"
+    interval_s: float = 60.0
+    warm_up: bool = False
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        frontend = self.arrivals.between(view.now, view.now + self.interval_s)
+        prompt = frontend.mean_input_tokens or 1
+        out: dict[PoolKey, int] = {}
+        for role in ROLES:
+            demand = hindsight_demand(view.spec, frontend, role)
+            out.update(fill(view.spec, role, demand, prompt, view.room, utilisation=1.0))
+        return out

@@ -1,0 +1,658 @@
+"""Offline simulation: a trace through `PDEngine` with an autoscaling policy in the loop.
+
+The loop keeps the operator's real timing: engines are scraped every `scrape_interval_s`; the
+policy runs every decision interval on signals computed from those scrapes over the rate window
+(`sim.offline_metrics`); a new replica takes a node's cards at once but serves only after its
+model-load time; nodes hold a fixed number of cards per accelerator type, so replicas that do not
+fit stay pending (unschedulable), as on a real cluster. Card-hours count every replica from
+placement until it has drained. `simulate` is pure apart from the optional progress callback.
+"""
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
+from pd_operator.core.capacity import PODS, FreeCapacity, NodeRoom
+from pd_operator.core.decision import Observation, PoolKey, PoolObservation
+from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
+from pd_operator.core.observe import NodeSummary
+from pd_operator.sim import baselines
+from pd_operator.sim.baselines import (
+    ROLES,
+    Arrivals,
+    Policy,
+    View,
+    demand_tokens,
+    fill,
+    hindsight_demand,
+)
+from pd_operator.sim.engine import PDEngine, ReplicaSpec, State
+from pd_operator.sim.engine import Role as EngineRole
+from pd_operator.sim.offline_metrics import Scrape, role_signals, scrape, window_stats
+from pd_operator.sim.workload import (
+    ReplayOptions,
+    Request,
+    read_azure,
+    read_mooncake,
+    read_servegen,
+)
+
+POLICY_NAMES = ("pd-operator", "static-peak", "hpa", "dynamo-sla", "llm-d-slo", "oracle")
+# Prometheus' rate() needs several samples in the window; fewer than four is unreliable.
+MIN_SCRAPES_PER_WINDOW = 4
+# Load measured ahead of the start to size the initial deployment, as an operator would have
+# it sized when the trace begins.
+INITIAL_SIZING_S = 300.0
+PEAK_WINDOW_S = 60.0
+PODS_PER_NODE = 110  # the kubelet's default pod limit
+SECONDS_PER_HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The operator's timing; None takes the value from the PDDeployment or the profiles."""
+
+    scrape_interval_s: float = 15.0
+    rate_window_s: float | None = None  # None: spec.slo.windowSeconds
+    decision_interval_s: float | None = None  # None: spec.scaling.intervalSeconds
+    load_seconds: float | None = None  # None: the performance model's model-load time
+    drain_s: float = 1800.0  # after the last arrival, how long unfinished requests may run
+
+
+@dataclass(frozen=True)
+class NodeType:
+    """`nodes` nodes of one accelerator profile with `cards_per_node` cards each."""
+
+    profile: str
+    nodes: int
+    cards_per_node: int = 8
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes per accelerator type and the card-hour price of each (profile's price if absent)."""
+
+    node_types: tuple[NodeType, ...]
+    prices: Mapping[str, float] = field(default_factory=dict)
+
+    def price(self, profile: str) -> float:
+        if profile in self.prices:
+            return self.prices[profile]
+        return HARDWARE_PROFILES[profile].hourly_price_usd
+
+    @classmethod
+    def fitting(cls, spec: PDDeploymentSpec, cards_per_node: int = 8) -> "Cluster":
+        """Enough nodes for every pool at its max: a cluster that never limits the policy."""
+        cards: dict[str, int] = {}
+        for role in ROLES:
+            for pool in spec.pools(role):
+                name = _profile(pool)
+                cards[name] = cards.get(name, 0) + pool.replicas.max * pool.accelerator.per_replica
+        per_node = max(
+            [cards_per_node] + [p.accelerator.per_replica for r in ROLES for p in spec.pools(r)]
+        )
+        return cls(tuple(NodeType(n, math.ceil(c / per_node), per_node) for n, c in cards.items()))
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    ttft_s: float  # NaN: unfinished
+    tpot_s: float  # mean inter-token latency; NaN for one-token answers or unfinished
+    ttft_ok: bool
+    itl_ok: bool
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a run cost and how well it served."""
+
+    policy: str
+    outcomes: list[RequestOutcome]
+    card_hours: dict[str, float]  # per accelerator profile
+    cost: float
+    scale_actions: int
+    timeline: list[tuple[float, dict[str, int]]]  # (time, replicas per "role/pool") on change
+    end_s: float
+    wall_s: float
+
+    @property
+    def requests(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def unfinished(self) -> int:
+        return sum(1 for o in self.outcomes if math.isnan(o.ttft_s))
+
+    def attainment(self) -> dict[str, float]:
+        """Share of requests meeting the TTFT target, the ITL target, and both."""
+        n = max(1, len(self.outcomes))
+        return {
+            "ttft": sum(o.ttft_ok for o in self.outcomes) / n,
+            "itl": sum(o.itl_ok for o in self.outcomes) / n,
+            "both": sum(o.ttft_ok and o.itl_ok for o in self.outcomes) / n,
+        }
+
+    @property
+    def tokens(self) -> int:
+        """Input plus output tokens of the finished requests."""
+        done = (o for o in self.outcomes if not math.isnan(o.ttft_s))
+        return sum(o.input_tokens + o.output_tokens for o in done)
+
+    @property
+    def cost_per_million_tokens(self) -> float:
+        return self.cost / (self.tokens / 1e6) if self.tokens else math.nan
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready summary (no per-request rows)."""
+        return {
+            "policy": self.policy,
+            "requests": self.requests,
+            "unfinished": self.unfinished,
+            "attainment": self.attainment(),
+            "card_hours": self.card_hours,
+            "cost": self.cost,
+            "tokens": self.tokens,
+            "cost_per_million_tokens": self.cost_per_million_tokens,
+            "scale_actions": self.scale_actions,
+            "simulated_s": self.end_s,
+            "wall_s": self.wall_s,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary plus the replica timeline and per-request TTFT/TPOT."""
+        out = self.summary()
+        out["timeline"] = [{"t": t, "replicas": r} for t, r in self.timeline]
+        out["requests_detail"] = [
+            {
+                "arrival_s": o.arrival_s,
+                "ttft_s": _json_float(o.ttft_s),
+                "tpot_s": _json_float(o.tpot_s),
+            }
+            for o in self.outcomes
+        ]
+        return out
+
+
+def _json_float(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def _profile(pool: PoolSpec) -> str:
+    name = pool.accelerator.profile
+    if name is None or name not in HARDWARE_PROFILES:
+        raise ValueError(f"pool {pool.name} needs a known accelerator.profile to be simulated")
+    return name
+
+
+@dataclass
+class _Replica:
+    name: str
+    node: int
+
+
+class _Fleet:
+    """Replicas per pool on the nodes, in the engine; pending ones wait for room."""
+
+    def __init__(
+        self, spec: PDDeploymentSpec, model: ModelProfile, cluster: Cluster, load_s: float | None
+    ) -> None:
+        self.spec = spec
+        self.load_s = load_s
+        self.pools = {(r, p.name): p for r in ROLES for p in spec.pools(r)}
+        self.replica_spec = {
+            key: ReplicaSpec.from_profiles(
+                HARDWARE_PROFILES[_profile(p)], model, p.accelerator.per_replica
+            )
+            for key, p in self.pools.items()
+        }
+        labels: dict[str, dict[str, str]] = {}
+        resources: dict[str, str] = {}
+        for pool in self.pools.values():
+            labels.setdefault(_profile(pool), {}).update(pool.accelerator.node_selector)
+            resources[_profile(pool)] = pool.accelerator.resource_name
+        self.nodes: list[NodeSummary] = []
+        self.node_type: list[str] = []
+        self.free: list[int] = []
+        self.pods: list[int] = []
+        for node_type in cluster.node_types:
+            for index in range(node_type.nodes):
+                self.nodes.append(
+                    NodeSummary(
+                        name=f"{node_type.profile}-{index}",
+                        labels=labels.get(node_type.profile, {}),
+                        taints=(),
+                        allocatable={
+                            resources.get(node_type.profile, "cards"): str(
+                                node_type.cards_per_node
+                            ),
+                            PODS: str(PODS_PER_NODE),
+                        },
+                        ready=True,
+                    )
+                )
+                self.node_type.append(node_type.profile)
+                self.free.append(node_type.cards_per_node)
+                self.pods.append(PODS_PER_NODE)
+        self.live: dict[PoolKey, list[_Replica]] = {key: [] for key in self.pools}
+        self.pending: dict[PoolKey, int] = dict.fromkeys(self.pools, 0)
+        self.draining: list[_Replica] = []
+        self.serial = 0
+
+    def replicas(self) -> dict[PoolKey, int]:
+        return {key: len(self.live[key]) + self.pending[key] for key in self.pools}
+
+    def _fits(self, pool: PoolSpec) -> list[int]:
+        cards = pool.accelerator.per_replica
+        return [
+            i
+            for i, t in enumerate(self.node_type)
+            if t == _profile(pool) and self.free[i] >= cards and self.pods[i] > 0
+        ]
+
+    def room(self) -> dict[PoolKey, int]:
+        """Most replicas each pool could have now: its max, and what the free cards hold."""
+        out = {}
+        for key, pool in self.pools.items():
+            cards = pool.accelerator.per_replica
+            spare = sum(self.free[i] // cards for i in self._fits(pool))
+            out[key] = min(pool.replicas.max, len(self.live[key]) + spare)
+        return out
+
+    def capacity(self) -> FreeCapacity:
+        rooms = []
+        for node, free, pods, kind in zip(
+            self.nodes, self.free, self.pods, self.node_type, strict=True
+        ):
+            resource = next(iter(k for k in node.allocatable if k != PODS), kind)
+            rooms.append(NodeRoom(node, {resource: Decimal(free), PODS: Decimal(pods)}))
+        return FreeCapacity(tuple(rooms))
+
+    def apply(self, engine: PDEngine, desired: Mapping[PoolKey, int], warm_up: bool) -> None:
+        for key, value in desired.items():
+            if key not in self.pools:
+                continue
+            current = len(self.live[key]) + self.pending[key]
+            if value > current:
+                self.pending[key] += value - current
+            elif value < current:
+                self._remove(engine, key, current - value)
+        self.place(engine, warm_up)
+
+    def _remove(self, engine: PDEngine, key: PoolKey, count: int) -> None:
+        dropped = min(count, self.pending[key])
+        self.pending[key] -= dropped
+        count -= dropped
+        # A Deployment scales down not-ready pods first, then the newest.
+        live = self.live[key]
+        live.sort(key=lambda r: engine.instance(r.name).state is State.READY)
+        for replica in live[:count]:
+            engine.remove_instance(replica.name)
+            self.draining.append(replica)
+        self.live[key] = live[count:]
+
+    def place(self, engine: PDEngine, warm_up: bool) -> None:
+        for key, pool in self.pools.items():
+            while self.pending[key] > 0:
+                nodes = self._fits(pool)
+                if not nodes:
+                    break
+                node = min(nodes, key=lambda i: (self.free[i], i))  # best fit, as the scheduler
+                self.free[node] -= pool.accelerator.per_replica
+                self.pods[node] -= 1
+                self.pending[key] -= 1
+                self.serial += 1
+                name = f"{key[0]}-{key[1]}-{self.serial}"
+                spec = self.replica_spec[key]
+                delay = (
+                    0.0
+                    if not warm_up
+                    else (spec.load_seconds if self.load_s is None else self.load_s)
+                )
+                engine.add_instance(name, EngineRole(key[0]), spec, ready_after_s=delay)
+                self.live[key].append(_Replica(name, node))
+
+    def release_drained(self, engine: PDEngine) -> None:
+        still = []
+        for replica in self.draining:
+            if engine.instance(replica.name).state is State.GONE:
+                pool = self.pools[self._key_of(replica.name)]
+                self.free[replica.node] += pool.accelerator.per_replica
+                self.pods[replica.node] += 1
+            else:
+                still.append(replica)
+        self.draining = still
+
+    def _key_of(self, name: str) -> PoolKey:
+        role, rest = name.split("-", 1)
+        pool = rest.rsplit("-", 1)[0]
+        return ("prefill" if role == "prefill" else "decode", pool)
+
+    def cards_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, replicas in self.live.items():
+            pool = self.pools[key]
+            out[_profile(pool)] = out.get(_profile(pool), 0) + len(replicas) * (
+                pool.accelerator.per_replica
+            )
+        for replica in self.draining:
+            pool = self.pools[self._key_of(replica.name)]
+            out[_profile(pool)] = out.get(_profile(pool), 0) + pool.accelerator.per_replica
+        return out
+
+    def observation(self, engine: PDEngine, signals: Mapping[Role, Any]) -> Observation:
+        pools = {}
+        for key, live in self.live.items():
+            ready = sum(1 for r in live if engine.instance(r.name).state is State.READY)
+            pools[key] = PoolObservation(
+                replicas=len(live) + self.pending[key],
+                ready=ready,
+                unschedulable=self.pending[key],
+                scheduled=len(live),
+            )
+        return Observation(signals=signals, pools=pools, capacity=self.capacity())
+
+
+def peak_replicas(
+    spec: PDDeploymentSpec, arrivals: Arrivals, room: Mapping[PoolKey, int]
+) -> dict[PoolKey, int]:
+    """Replicas for the busiest minute of the trace, each role on its own busiest minute."""
+    end = arrivals.times[-1] if arrivals.times else 0.0
+    out: dict[PoolKey, int] = {}
+    for role in ROLES:
+        best: dict[PoolKey, int] = {}
+        for k in range(max(1, math.ceil(end / PEAK_WINDOW_S))):
+            frontend = arrivals.between(k * PEAK_WINDOW_S, (k + 1) * PEAK_WINDOW_S)
+            if frontend.rate_rps <= 0:
+                continue
+            demand = hindsight_demand(spec, frontend, role)
+            sized = fill(spec, role, demand, frontend.mean_input_tokens, room)
+            if sum(sized.values()) > sum(best.values()):
+                best = sized
+        out.update(best or {(role, p.name): p.replicas.min for p in spec.pools(role)})
+    return out
+
+
+def make_policy(
+    name: str,
+    spec: PDDeploymentSpec,
+    arrivals: Arrivals,
+    room: Mapping[PoolKey, int],
+    timing: Timing,
+) -> Policy:
+    """A policy by name (see POLICY_NAMES); `dynamo-sla:arima` picks the ARIMA predictor."""
+    base, _, option = name.partition(":")
+    if base == "pd-operator":
+        interval = timing.decision_interval_s or float(spec.scaling.interval_seconds)
+        return baselines.OperatorPolicy(interval_s=interval)
+    if base == "static-peak":
+        return baselines.StaticPeak(peak_replicas(spec, arrivals, room))
+    if base == "hpa":
+        return baselines.HPA()
+    if base == "dynamo-sla":
+        return baselines.DynamoSLA(predictor=option or "constant", name=name)
+    if base == "llm-d-slo":
+        return baselines.LlmdSLO()
+    if base == "oracle":
+        return baselines.Oracle(arrivals)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+
+
+def _first(spec: PDDeploymentSpec) -> str:
+    return spec.pools("prefill")[0].name
+
+
+def _prefill_work(replica: ReplicaSpec) -> Callable[[Request], float]:
+    """Seconds of one replica's prefill a request costs: its own linear and attention work,
+    and its share of the per-batch overhead (short prompts share a batch of up to
+    max_batch_tokens; a long one is a batch of its own)."""
+    coefficients = replica.prefill
+
+    def seconds(request: Request) -> float:
+        n, p = request.input_tokens, request.cached_tokens
+        share = min(1.0, (n - p) / replica.max_batch_tokens)
+        work = coefficients.b_ms_per_token * (n - p) + coefficients.c_ms_per_token2 * (
+            n * n - p * p
+        )
+        return (work + coefficients.a_ms * share) / 1000
+
+    return seconds
+
+
+def _initial(
+    policy: Policy, spec: PDDeploymentSpec, arrivals: Arrivals, room: Mapping[PoolKey, int]
+) -> dict[PoolKey, int]:
+    if isinstance(policy, baselines.StaticPeak):
+        return dict(policy.replicas)
+    frontend = arrivals.between(0.0, INITIAL_SIZING_S)
+    out: dict[PoolKey, int] = {}
+    for role in ROLES:
+        out.update(
+            fill(spec, role, demand_tokens(frontend, role), frontend.mean_input_tokens or 1, room)
+        )
+    return out
+
+
+def _outcome(spec: PDDeploymentSpec, request: Request, record: Any | None) -> RequestOutcome:
+    ttft_target = spec.slo.ttft.target_milliseconds / 1000
+    itl_target = spec.slo.itl.target_milliseconds / 1000
+    if record is None:
+        return RequestOutcome(
+            request.arrival_s,
+            request.input_tokens,
+            request.output_tokens,
+            math.nan,
+            math.nan,
+            False,
+            False,
+        )
+    ttft, tpot = record.ttft_s, record.itl_mean_s
+    return RequestOutcome(
+        request.arrival_s,
+        request.input_tokens,
+        request.output_tokens,
+        ttft,
+        tpot,
+        ttft <= ttft_target,
+        math.isnan(tpot) or tpot <= itl_target,
+    )
+
+
+def simulate(
+    spec: PDDeploymentSpec,
+    requests: Sequence[Request],
+    policy: str | Policy,
+    *,
+    model: ModelProfile,
+    cluster: Cluster | None = None,
+    timing: Timing = Timing(),
+    progress: Callable[[str], None] | None = None,
+) -> SimResult:
+    """Replay `requests` (sorted by arrival) under `policy`; see the module docstring."""
+    started = time.perf_counter()
+    cluster = cluster or Cluster.fitting(spec)
+    fleet = _Fleet(spec, model, cluster, timing.load_seconds)
+    arrivals = Arrivals(requests, _prefill_work(fleet.replica_spec[("prefill", _first(spec))]))
+    chosen = (
+        policy
+        if not isinstance(policy, str)
+        else make_policy(policy, spec, arrivals, fleet.room(), timing)
+    )
+    window = max(
+        timing.rate_window_s or float(spec.slo.window_seconds),
+        MIN_SCRAPES_PER_WINDOW * timing.scrape_interval_s,
+    )
+    engine = PDEngine(requests, model=model)
+    fleet.apply(engine, _initial(chosen, spec, arrivals, fleet.room()), warm_up=False)
+    last_arrival = arrivals.times[-1] if arrivals.times else 0.0
+    scrapes: list[Scrape] = []
+    card_seconds: dict[str, float] = {}
+    timeline = [(0.0, {f"{r}/{p}": n for (r, p), n in fleet.replicas().items()})]
+    actions = 0
+    now, next_scrape, next_decision = 0.0, 0.0, chosen.interval_s
+    next_report = 0.0
+    records: dict[int, Any] = {}
+    while True:
+        step_to = min(next_scrape, next_decision)
+        engine.advance_to(step_to)
+        for kind, cards in fleet.cards_by_type().items():
+            card_seconds[kind] = card_seconds.get(kind, 0.0) + cards * (step_to - now)
+        now = step_to
+        for record in engine.take_finished():
+            records[record.id] = record
+        fleet.release_drained(engine)
+        fleet.place(engine, chosen.warm_up)
+        if now >= next_scrape:
+            scrapes.append(scrape(engine, now))
+            scrapes = scrapes[-(int(window / timing.scrape_interval_s) + 4) :]
+            next_scrape += timing.scrape_interval_s
+        if now >= next_decision:
+            next_decision += chosen.interval_s
+            signals = role_signals(spec, scrapes, now, window)
+            view = View(
+                now=now,
+                spec=spec,
+                observation=fleet.observation(engine, signals),
+                stats=window_stats(scrapes, now, window),
+                frontend=arrivals.between(max(0.0, now - window), now),
+                replicas=fleet.replicas(),
+                room=fleet.room(),
+            )
+            before = fleet.replicas()
+            fleet.apply(engine, chosen.decide(view), chosen.warm_up)
+            after = fleet.replicas()
+            if after != before:
+                actions += sum(1 for k in after if after[k] != before[k])
+                timeline.append((now, {f"{r}/{p}": n for (r, p), n in after.items()}))
+        if progress and now >= next_report:
+            progress(
+                f"{chosen.name}: t={now:,.0f}s of {last_arrival:,.0f}s, "
+                f"{len(records):,}/{len(requests):,} done"
+            )
+            next_report += max(60.0, last_arrival / 20)
+        past_end = now >= last_arrival
+        if past_end and (engine.active_requests == 0 and len(records) >= len(requests)):
+            break
+        if now >= last_arrival + timing.drain_s:
+            break
+    outcomes = [_outcome(spec, r, records.get(i)) for i, r in enumerate(requests)]
+    hours = {k: v / SECONDS_PER_HOUR for k, v in sorted(card_seconds.items())}
+    return SimResult(
+        policy=chosen.name,
+        outcomes=outcomes,
+        card_hours=hours,
+        cost=sum(h * cluster.price(k) for k, h in hours.items()),
+        scale_actions=actions,
+        timeline=timeline,
+        end_s=now,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def load_trace(path: str | Path, options: ReplayOptions | None = None) -> list[Request]:
+    """A trace file in any of the formats `sim.workload` reads, picked by its content."""
+    path = Path(path)
+    options = options or ReplayOptions()
+    if path.suffix == ".jsonl":
+        return list(read_mooncake(path, options))
+    with path.open() as handle:
+        header = handle.readline()
+    if "TIMESTAMP" in header:
+        return list(read_azure(path, options))
+    if "window_start_s" in header:
+        return list(read_servegen(path, options))
+    raise ValueError(f"{path}: not a Mooncake, Azure or ServeGen trace")
+
+
+def parse_cluster(text: str, prices: Mapping[str, float] | None = None) -> Cluster:
+    """`h200=4x8,mtt-s5000=2x8`: nodes x cards per node of each profile."""
+    types = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, shape = part.partition("=")
+        nodes, _, cards = shape.partition("x")
+        if name not in HARDWARE_PROFILES or not nodes.isdigit():
+            raise ValueError(f"bad cluster entry {part!r}: want PROFILE=NODESxCARDS")
+        types.append(NodeType(name, int(nodes), int(cards or 8)))
+    return Cluster(tuple(types), dict(prices or {}))
+
+
+def example_document(model_name: str = "zai-org/GLM-4.5-FP8") -> dict[str, Any]:
+    """The articles' topology: MTT S5000 prefill, H200 decode, replicas of 8 cards."""
+    pool = {
+        "prefill": ("s5000", "mthreads.com/gpu", "mtt-s5000", 16),
+        "decode": ("h200", "nvidia.com/gpu", "h200", 8),
+    }
+    return {
+        "apiVersion": "pdoperator.io/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": "example"},
+        "spec": {
+            "model": {"name": model_name, "image": "vllm/vllm-openai:v0.11.0"},
+            "slo": {
+                "ttft": {"percentile": "P50", "targetMilliseconds": 6000},
+                "itl": {"percentile": "P50", "targetMilliseconds": 20},
+                "windowSeconds": 60,
+            },
+            **{
+                role: {
+                    "pools": [
+                        {
+                            "name": name,
+                            "accelerator": {
+                                "resourceName": resource,
+                                "perReplica": 8,
+                                "profile": profile,
+                            },
+                            "replicas": {"min": 1, "max": most},
+                        }
+                    ]
+                }
+                for role, (name, resource, profile, most) in pool.items()
+            },
+            "scaling": {"mode": "Active", "intervalSeconds": 30},
+        },
+    }
+
+
+TABLE_COLUMNS = (
+    "policy",
+    "attain_both",
+    "attain_ttft",
+    "attain_itl",
+    "card_hours",
+    "cost",
+    "cost_per_m_tokens",
+    "scale_actions",
+    "wall_s_per_10k",
+)
+
+
+def table_row(result: SimResult) -> dict[str, str]:
+    """One result as the columns of `TABLE_COLUMNS` (card-hours per type as `type:hours`)."""
+    attainment = result.attainment()
+    per_10k = result.wall_s / max(1, result.requests) * 10_000
+    return {
+        "policy": result.policy,
+        "attain_both": f"{attainment['both']:.3f}",
+        "attain_ttft": f"{attainment['ttft']:.3f}",
+        "attain_itl": f"{attainment['itl']:.3f}",
+        "card_hours": " ".join(f"{k}:{v:.1f}" for k, v in result.card_hours.items()),
+        "cost": f"{result.cost:.2f}",
+        "cost_per_m_tokens": f"{result.cost_per_million_tokens:.3f}",
+        "scale_actions": str(result.scale_actions),
+        "wall_s_per_10k": f"{per_10k:.2f}",
+    }
+
+
+def markdown_table(rows: Sequence[Mapping[str, str]], columns: Sequence[str]) -> str:
+    """Rows as a GitHub markdown table."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row.get(c, "") for c in columns) + " |" for row in rows]
+    return "\n".join(lines)

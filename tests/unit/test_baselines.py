@@ -1,0 +1,165 @@
+"""Each baseline autoscaler behaves as its documentation says, on small scripted loads."""
+
+from pd_operator.api.document import parse_pddeployment
+from pd_operator.api.spec import Role
+from pd_operator.core.decision import Observation, PoolKey, PoolObservation
+from pd_operator.core.signals import Reading, RoleSignals
+from pd_operator.sim.baselines import (
+    HPA,
+    Arrivals,
+    DynamoSLA,
+    Frontend,
+    LlmdSLO,
+    Oracle,
+    View,
+    _arima_forecast,
+    per_replica,
+)
+from pd_operator.sim.offline import example_document, peak_replicas
+from pd_operator.sim.offline_metrics import WindowStats
+from pd_operator.sim.workload import Request
+
+PREFILL: PoolKey = ("prefill", "s5000")
+DECODE: PoolKey = ("decode", "h200")
+# Room for 20 replicas per pool is passed in each view; the spec's bounds are not reached.
+SPEC = parse_pddeployment(example_document()).spec
+PROMPT = 8000.0
+QUIET = Frontend(0.0, PROMPT, 300.0, 0.0)
+
+
+def view(
+    now: float,
+    replicas: dict[PoolKey, int],
+    *,
+    inflight: float = 0.0,
+    kv: float = 0.5,
+    p90: tuple[float | None, float | None] = (None, None),
+    mean: tuple[float | None, float | None] = (None, None),
+    frontend: Frontend = QUIET,
+) -> View:
+    signals: dict[Role, RoleSignals] = {
+        "prefill": RoleSignals(
+            now, queue_depth=Reading.of(inflight), running_requests=Reading.of(0)
+        ),
+        "decode": RoleSignals(now, kv_cache_usage=Reading.of(kv)),
+    }
+    pools = {k: PoolObservation(replicas=n, ready=n) for k, n in replicas.items()}
+    stats: dict[Role, WindowStats] = {
+        "prefill": WindowStats(p90[0], mean[0]),
+        "decode": WindowStats(p90[1], mean[1]),
+    }
+    return View(
+        now, SPEC, Observation(signals, pools), stats, frontend, replicas, {PREFILL: 20, DECODE: 20}
+    )
+
+
+def capacity() -> float:
+    pool = SPEC.prefill.pools[0]
+    return per_replica(SPEC, "prefill", pool, PROMPT)
+
+
+def per_pod() -> float:
+    """In-flight requests the HPA aims for on one prefill pod."""
+    return float(0.8 * capacity() * SPEC.slo.ttft.target_milliseconds / 1000 / PROMPT)
+
+
+def test_hpa_never_scales_down_inside_its_300s_window() -> None:
+    hpa = HPA()
+    each = per_pod()
+    replicas = {PREFILL: 4, DECODE: 1}
+    now = 0.0
+    replicas = dict(hpa.decide(view(now, replicas, inflight=4 * each)))
+    assert replicas[PREFILL] == 4  # at target: hold
+    seen = []
+    while now < 600:
+        now += 15
+        replicas = dict(hpa.decide(view(now, replicas, inflight=1 * each)))
+        seen.append((now, replicas[PREFILL]))
+    assert all(n == 4 for t, n in seen if t < 300)
+    assert seen[-1][1] == 1
+
+
+def test_hpa_ignores_changes_within_its_tolerance() -> None:
+    each = per_pod()
+    answer = HPA().decide(view(0, {PREFILL: 4, DECODE: 1}, inflight=4 * each * 1.09))
+    assert answer[PREFILL] == 4
+
+
+def test_hpa_scale_up_is_limited_to_double_or_plus_four_per_minute() -> None:
+    hpa = HPA()
+    each = per_pod()
+    replicas = {PREFILL: 1, DECODE: 1}
+    replicas = dict(hpa.decide(view(0, replicas, inflight=19 * each)))
+    assert replicas[PREFILL] == 5  # max(2 x 1, 1 + 4)
+    replicas = dict(hpa.decide(view(15, replicas, inflight=19 * each)))
+    assert replicas[PREFILL] == 5  # the minute's allowance is spent
+    replicas = dict(hpa.decide(view(75, replicas, inflight=19 * each)))
+    assert replicas[PREFILL] == 10  # a new minute: x2 of 5
+
+
+def test_llmd_scales_up_above_055_and_down_below_040_at_documented_rates() -> None:
+    llmd = LlmdSLO()
+    target = SPEC.slo.ttft.target_milliseconds / 1000
+    replicas = {PREFILL: 2, DECODE: 2}
+    hold = llmd.decide(view(0, replicas, p90=(0.5 * target, 0.5 * 0.020)))
+    assert hold == replicas  # inside the 0.40-0.55 dead band
+    grown = dict(llmd.decide(view(15, replicas, p90=(5 * target, 0.5 * 0.020))))
+    assert grown[PREFILL] == 6  # 4 pods per 60 s at most
+    again = dict(llmd.decide(view(30, grown, p90=(5 * target, 0.5 * 0.020))))
+    assert again[PREFILL] == 6
+    low = (0.1 * target, 0.1 * 0.020)
+    first = dict(llmd.decide(view(100, again, p90=low)))
+    assert first[PREFILL] == 5 and first[DECODE] == 1
+    second = dict(llmd.decide(view(160, first, p90=low)))
+    assert second[PREFILL] == 5  # 1 pod per 120 s down
+    third = dict(llmd.decide(view(221, second, p90=low)))
+    assert third[PREFILL] == 4
+
+
+def test_dynamo_predicts_every_180s_and_reacts_by_one_in_between() -> None:
+    dynamo = DynamoSLA()
+    each = capacity()
+    demand = Frontend(
+        rate_rps=3 * each / PROMPT,
+        mean_input_tokens=PROMPT,
+        mean_output_tokens=300,
+        cached_fraction=0.0,
+    )
+    replicas = dict(dynamo.decide(view(0, {PREFILL: 1, DECODE: 1}, frontend=demand)))
+    assert replicas[PREFILL] == 3  # ceil(demand / capacity) at the SLO
+    target = SPEC.slo.ttft.target_milliseconds / 1000
+    late = dict(dynamo.decide(view(5, replicas, mean=(2 * target, None), frontend=demand)))
+    assert late[PREFILL] == 4  # reactive +1 on the average TTFT
+    quiet = Frontend(0.0, PROMPT, 300, 0.0)
+    held = dict(dynamo.decide(view(10, late, frontend=quiet)))
+    assert held == late  # no sample (NaN at zero traffic): hold
+    resized = dict(dynamo.decide(view(180, late, frontend=demand)))
+    assert resized[PREFILL] == 3  # the predictive loop resets the size
+
+
+def test_arima_extrapolates_a_trend_and_constant_does_not() -> None:
+    assert _arima_forecast([1.0, 2.0, 3.0, 4.0]) > 4.0
+    assert _arima_forecast([5.0]) == 5.0
+    assert _arima_forecast([3.0, 3.0, 3.0]) == 3.0
+
+
+def test_oracle_sizes_for_the_coming_interval_without_warm_up() -> None:
+    each = capacity()
+    # 2 replicas' worth of prompts arrive in [60, 120), nothing before.
+    rate = 2 * each / PROMPT
+    requests = [Request(60 + k / rate, int(PROMPT), 10) for k in range(int(60 * rate))]
+    oracle = Oracle(Arrivals(requests))
+    assert not oracle.warm_up
+    assert oracle.decide(view(0, {PREFILL: 1, DECODE: 1}))[PREFILL] == 1
+    assert oracle.decide(view(60, {PREFILL: 1, DECODE: 1}))[PREFILL] == 2
+
+
+def test_static_peak_is_sized_for_the_busiest_minute() -> None:
+    quiet = [Request(k * 4.0, int(PROMPT), 100) for k in range(150)]  # 0.25 req/s for 10 min
+    burst_rate = 3 * capacity() / PROMPT  # three replicas' worth, for one minute
+    burst = [Request(300 + k / burst_rate, int(PROMPT), 100) for k in range(int(60 * burst_rate))]
+    room = {PREFILL: 20, DECODE: 20}
+    calm = peak_replicas(SPEC, Arrivals(quiet), room)
+    busy = peak_replicas(SPEC, Arrivals(sorted(quiet + burst, key=lambda r: r.arrival_s)), room)
+    assert calm[PREFILL] == 1
+    assert busy[PREFILL] >= 4  # three replicas' work at 80% utilisation
