@@ -194,15 +194,17 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
     def queued(**_: Any) -> int:
         return 0 if state.queue.idle() else 1
 
+    # Async handlers: they only touch memory, and kopf would otherwise run them in the thread
+    # pool that the reconciles use, queueing watch events behind API calls.
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def pddeployment_event(event: Mapping[str, Any], **_: Any) -> None:
+    async def pddeployment_event(event: Mapping[str, Any], **_: Any) -> None:
         obj, deleted = _event_parts(event)
         key = state.cache.put_pdd(obj, deleted)
         metrics.MANAGED.set(len(state.cache.pdd_keys()))
         if not deleted:
             state.queue.add(key)
 
-    def child_event(event: Mapping[str, Any], **_: Any) -> None:
+    async def child_event(event: Mapping[str, Any], **_: Any) -> None:
         obj, deleted = _event_parts(event)
         owner = state.cache.put_child(obj, deleted)
         if owner:
@@ -215,14 +217,14 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
 
     @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
                    registry=registry)  # fmt: skip
-    def pod_event(event: Mapping[str, Any], **_: Any) -> None:
+    async def pod_event(event: Mapping[str, Any], **_: Any) -> None:
         obj, deleted = _event_parts(event)
         owner = state.cache.put_pod(obj, deleted)
         if owner:
             state.queue.add(owner)
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_event(event: Mapping[str, Any], **_: Any) -> None:
+    async def node_event(event: Mapping[str, Any], **_: Any) -> None:
         obj, deleted = _event_parts(event)
         if state.cache.put_node(obj, deleted):
             for key in state.cache.pdd_keys():
