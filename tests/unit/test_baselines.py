@@ -2,7 +2,8 @@
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import Role
-from pd_operator.core.decision import Observation, PoolKey, PoolObservation
+from pd_operator.core.children import PoolKey
+from pd_operator.core.decision import Observation, PoolObservation
 from pd_operator.core.signals import Reading, RoleSignals
 from pd_operator.sim.baselines import (
     HPA,

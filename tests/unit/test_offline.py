@@ -11,7 +11,7 @@ import pytest
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.cli.main import main
-from pd_operator.core.decision import PoolKey
+from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, HARDWARE_PROFILES, MTT_S5000
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from pd_operator.api.spec import Role
 from pd_operator.api.status import LimitedBy
 from pd_operator.core.capacity import FreeCapacity
+from pd_operator.core.children import PoolKey
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.signals import RoleSignals
-
-PoolKey = tuple[Role, str]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pd_operator.api import PDDeployment, PoolSpec, Role
 from pd_operator.core import reasons
-from pd_operator.core.children import child_key, desired_children
+from pd_operator.core.children import ROLES, Manifest, PoolKey, child_key, desired_children
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import NodeSummary
 from pd_operator.core.placement import allocatable, node_admits
@@ -23,11 +23,8 @@ ANNOTATION_SPEC_HASH = "pdoperator.io/spec-hash"
 # The operator's (or the autoscaler's) replica decision, kept on the child so that it survives
 # restarts and a manual `kubectl scale` can be put back.
 ANNOTATION_DESIRED_REPLICAS = "pdoperator.io/desired-replicas"
-ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 ChildKey = tuple[str, str, str]  # (apiVersion, kind, name)
-PoolKey = tuple[Role, str]
-Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True)

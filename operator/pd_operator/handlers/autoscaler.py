@@ -21,11 +21,12 @@ from pd_operator.adapters.prometheus import PrometheusReader, ReadReport, RoleKe
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
 from pd_operator.core import reasons
 from pd_operator.core.capacity import free_capacity
+from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.decision import Decision, Observation, PoolObservation
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
-from pd_operator.core.reconcile import ROLES, EventSpec, PoolKey, all_pools, current_replicas
+from pd_operator.core.reconcile import EventSpec, all_pools, current_replicas
 from pd_operator.core.signals import ReadingKind, RoleSignals, unavailable
 from pd_operator.core.status import ConditionSpec, ScalingView
 

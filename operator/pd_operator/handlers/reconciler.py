@@ -18,7 +18,8 @@ from pd_operator.adapters.cache import ClusterCache, ObjectKey
 from pd_operator.adapters.kube import KubeWriter
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.core import reasons
-from pd_operator.core.reconcile import EventSpec, PoolKey, Problem, plan_children
+from pd_operator.core.children import PoolKey
+from pd_operator.core.reconcile import EventSpec, Problem, plan_children
 from pd_operator.core.status import ScalingView, compute_status, invalid_spec_status
 
 logger = logging.getLogger(__name__)

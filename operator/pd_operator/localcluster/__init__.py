@@ -1,6 +1,6 @@
 """A local control plane and Prometheus on loopback, for tests, the demo and `pdctl dev up`."""
 
-from pd_operator.localcluster.cluster import ExistingCluster, LocalCluster, raise_if_missing
+from pd_operator.localcluster.cluster import ExistingCluster, LocalCluster
 from pd_operator.localcluster.processes import LocalClusterError, MissingBinaryError, find_binary
 from pd_operator.localcluster.prometheus import LocalPrometheus
 
@@ -11,5 +11,4 @@ __all__ = [
     "LocalPrometheus",
     "MissingBinaryError",
     "find_binary",
-    "raise_if_missing",
 ]

@@ -282,10 +282,4 @@ class ExistingCluster(KubectlCluster):
         """Nothing to stop: the cluster is not ours."""
 
 
-def raise_if_missing() -> None:
-    """Fail fast, naming the fix, when a control-plane binary is not provisioned."""
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
-        find_binary(name)
-
-
-__all__ = ["ExistingCluster", "LocalCluster", "LocalClusterError", "raise_if_missing"]
+__all__ = ["ExistingCluster", "LocalCluster", "LocalClusterError"]

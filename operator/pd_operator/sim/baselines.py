@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
-from pd_operator.core.decision import Observation, PoolKey
+from pd_operator.core.children import PoolKey
+from pd_operator.core.decision import Observation
 from pd_operator.core.learning import seed_capacity
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState

@@ -18,7 +18,8 @@ from typing import Any
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.capacity import PODS, FreeCapacity, NodeRoom
-from pd_operator.core.decision import Observation, PoolKey, PoolObservation
+from pd_operator.core.children import PoolKey
+from pd_operator.core.decision import Observation, PoolObservation
 from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
 from pd_operator.core.observe import NodeSummary
 from pd_operator.sim import baselines
