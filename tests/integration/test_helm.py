@@ -1,6 +1,6 @@
 """The Helm chart on the real control plane: it installs, its ServiceAccount's rights are enough
-for the operator to reconcile a sample and deny what it never needs, and the documented CRD
-upgrade path works after Helm created the CRD.
+for the operator to reconcile a sample and deny what it never needs (Secrets: get by name only,
+never list or watch), and the documented CRD upgrade path works after Helm created the CRD.
 
 `helm lint --strict`, `helm template` matrices and the values schema: tests/unit/test_chart.py.
 """
@@ -233,7 +233,9 @@ def test_service_account_token_is_enough_to_reconcile_a_sample(
 @pytest.mark.parametrize(
     "request_",
     [
-        ("get", "secrets"),
+        # Secrets: get by name only (spec.scaling.prometheus), never enumerated or watched.
+        ("list", "secrets"),
+        ("watch", "secrets"),
         ("list", "secrets", "--all-namespaces"),
         ("list", "configmaps"),
         ("create", "pods"),
@@ -259,29 +261,42 @@ def test_service_account_may_do_what_the_operator_does(cluster, namespace, relea
         ("delete", "services"),
         ("create", "events"),
         ("watch", "pods"),
+        ("get", "secrets"),  # the Secrets a PDDeployment's spec.scaling.prometheus names
     ):
         assert can_i(cluster, release, *request_, f"--namespace={namespace}"), request_
     assert can_i(cluster, release, "watch", "nodes")
 
 
-def test_secrets_are_forbidden_with_the_service_accounts_own_token(
+def test_secrets_are_read_by_name_only_with_the_service_accounts_own_token(
     cluster, api_client, namespace, release, tmp_path
 ):
     client.CoreV1Api(api_client).create_namespaced_secret(
-        namespace, {"metadata": {"name": "model-token"}, "stringData": {"token": "x"}}
+        namespace, {"metadata": {"name": "prom-auth"}, "stringData": {"token": "x"}}
     )
     kubeconfig = token_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
     as_operator = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
-    with pytest.raises(ApiException) as denied:
-        as_operator.read_namespaced_secret("model-token", namespace)
-    assert denied.value.status == 403
+    # What the autoscaler does for spec.scaling.prometheus.bearerTokenSecretRef.
+    assert as_operator.read_namespaced_secret("prom-auth", namespace).data["token"]
+    # Which Secrets exist stays hidden: no list, in the namespace or anywhere.
+    for listing in (
+        lambda: as_operator.list_namespaced_secret(namespace),
+        as_operator.list_secret_for_all_namespaces,
+    ):
+        with pytest.raises(ApiException) as denied:
+            listing()
+        assert denied.value.status == 403
 
 
 def test_namespaced_install_is_enough_for_an_operator_watching_those_namespaces(
     cluster, api_client, namespace, helm, tmp_path
 ):
-    scoped = helm.install({"watchNamespaces": [namespace]})
+    # Without the right to read Secrets (rbac.readPrometheusSecrets=false): the operator needs
+    # it only for PDDeployments that name one.
+    scoped = helm.install(
+        {"watchNamespaces": [namespace], "rbac": {"create": True, "readPrometheusSecrets": False}}
+    )
     assert not can_i(cluster, scoped, "list", "deployments.apps", "--all-namespaces")
+    assert not can_i(cluster, scoped, "get", "secrets", f"--namespace={namespace}")
     kubeconfig = token_kubeconfig(cluster, scoped, tmp_path / "sa.kubeconfig")
     api = config.new_client_from_config(config_file=str(kubeconfig))
     # What the operator does first, before kopf reports ready: fails fast where it lacks rights.

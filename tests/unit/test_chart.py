@@ -52,6 +52,8 @@ NAMESPACED_RIGHTS: set[Rule] = {
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "events", "create"),
+    # The Secrets that spec.scaling.prometheus names, by name: get, never list or watch.
+    ("", "secrets", "get"),
 }
 # Cluster-scoped reads: nodes for placement and capacity, CRDs for kopf's resource discovery.
 CLUSTER_RIGHTS: set[Rule] = {
@@ -280,6 +282,59 @@ def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses():
     assert granted(render()) == {("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS}
 
 
+@pytest.mark.parametrize("case", sorted(MATRIX))
+def test_secrets_are_only_ever_got_by_name_never_listed_or_watched(case):
+    values, api_versions = MATRIX[case]
+    for scope, granted_rights in granted(render(values, api_versions)).items():
+        on_secrets = {verb for group, resource, verb in granted_rights if resource == "secrets"}
+        assert on_secrets <= {"get"}, scope
+
+
+def test_reading_prometheus_secrets_can_be_turned_off():
+    off = {"rbac": {"create": True, "readPrometheusSecrets": False}}
+    assert granted(render(off)) == {
+        ("ClusterRoleBinding", ""): (NAMESPACED_RIGHTS | CLUSTER_RIGHTS) - {("", "secrets", "get")}
+    }
+    namespaced = granted(render({**off, "watchNamespaces": ["team-a"]}))
+    assert namespaced[("RoleBinding", "team-a")] == NAMESPACED_RIGHTS - {("", "secrets", "get")}
+
+
+def test_prometheus_auth_mounts_its_secret_and_passes_the_files():
+    values = {
+        "prometheusUrl": "https://prometheus.monitoring.svc:9091",
+        "prometheusAuth": {"secretName": "prom-auth", "tokenKey": "token", "caKey": "ca.crt"},
+    }
+    objects = render(values)
+    main = container(objects)
+    assert main["args"][-3:] == [
+        "--prometheus-url=https://prometheus.monitoring.svc:9091",
+        "--prometheus-bearer-token-file=/etc/pd-operator/prometheus/token",
+        "--prometheus-ca-file=/etc/pd-operator/prometheus/ca.crt",
+    ]
+    parsed = build_parser().parse_args(["run", *main["args"]])
+    assert parsed.prometheus_bearer_token_file == "/etc/pd-operator/prometheus/token"
+    assert parsed.prometheus_ca_file == "/etc/pd-operator/prometheus/ca.crt"
+    mount = next(m for m in main["volumeMounts"] if m["name"] == "prometheus-auth")
+    assert mount == {
+        "name": "prometheus-auth",
+        "mountPath": "/etc/pd-operator/prometheus",
+        "readOnly": True,
+    }
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "prometheus-auth")
+    assert volume["secret"]["secretName"] == "prom-auth"
+    # A mounted volume, not an API read: no right comes with it.
+    assert granted(objects) == granted(render())
+    only_token = {"prometheusAuth": {"secretName": "prom-auth", "tokenKey": "token", "caKey": ""}}
+    assert not any("ca-file" in a for a in container(render(only_token))["args"])
+    error = render_error({"prometheusAuth": {"secretName": "", "tokenKey": "token", "caKey": ""}})
+    assert "prometheusAuth.secretName is required" in error
+    error = render_error(
+        {"prometheusAuth": {"secretName": "prom-auth", "tokenKey": "", "caKey": ""}}
+    )
+    assert "prometheusAuth.secretName needs" in error
+
+
 def test_namespaced_rbac_grants_namespaced_rights_only_in_the_watched_namespaces():
     objects = render({"watchNamespaces": ["team-a", "team-b"]})
     # kopf lists and watches namespaces when it serves a list of them.
@@ -430,6 +485,7 @@ def test_every_object_is_labelled_and_owns_no_field_of_another_manager(case):
         ),
         ({"ports": {"metrics": 70000, "health": 8080}}, "/ports/metrics"),
         ({"serviceMonitor": {"enabled": True, "interval": "soon"}}, "/serviceMonitor/interval"),
+        ({"rbac": {"create": True, "readPrometheusSecrets": "yes"}}, "/rbac/readPrometheusSecrets"),
     ],
 )
 def test_schema_rejects_unknown_keys_and_wrong_types(values, message):

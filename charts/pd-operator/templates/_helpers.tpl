@@ -60,7 +60,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 What the operator does in each namespace it serves, and nothing more (adapters/kube.py and
 handlers/operator.py): watch PDDeployments and patch their status; server-side apply (create +
 patch), delete, list and watch the Deployments and Services it owns; watch their pods; post
-Events (the operator's and kopf's own, both POST only). No get: every read comes from a watch.
+Events (the operator's and kopf's own, both POST only). No get, except on the Secrets that
+spec.scaling.prometheus names (rbac.readPrometheusSecrets): every other read comes from a watch,
+and Secrets are never listed or watched.
 */}}
 {{- define "pd-operator.namespacedRules" -}}
 - apiGroups: ["pdoperator.io"]
@@ -81,6 +83,11 @@ Events (the operator's and kopf's own, both POST only). No get: every read comes
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.rbac.readPrometheusSecrets }}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 - apiGroups: ["kopf.dev", "zalando.org"]
   resources: ["kopfpeerings"]

@@ -325,8 +325,16 @@ class PrometheusSpec(SpecModel):
     url: Annotated[StrictStr, Field(max_length=2048, pattern=r"^https?://")] = Field(
         description="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090."
     )
-    bearer_token_secret_ref: SecretKeyRef | None = None
-    ca_secret_ref: SecretKeyRef | None = None
+    bearer_token_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="Bearer token sent to the URL: a key of a Secret in the PDDeployment's "
+        "namespace, read by the operator (get on secrets) and re-read every minute.",
+    )
+    ca_secret_ref: SecretKeyRef | None = Field(
+        None,
+        description="PEM CA bundle that signs the URL's certificate: a key of a Secret in the "
+        "PDDeployment's namespace.",
+    )
 
 
 def _default_scale_up() -> StepPolicy:

@@ -17,8 +17,20 @@ from typing import Any
 
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ClusterCache, ObjectKey, Snapshot
+from pd_operator.adapters.credentials import (
+    NO_CREDENTIALS,
+    Credentials,
+    CredentialsError,
+    FileCredentials,
+    PrometheusReaders,
+    ReaderFactory,
+    ReaderKey,
+    SecretCache,
+    secret_credentials,
+)
 from pd_operator.adapters.prometheus import PrometheusReader, ReadReport, RoleKey, SignalTarget
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
+from pd_operator.api.spec import PrometheusSpec
 from pd_operator.core import reasons
 from pd_operator.core.capacity import free_capacity
 from pd_operator.core.children import ROLES, PoolKey
@@ -31,8 +43,6 @@ from pd_operator.core.signals import ReadingKind, RoleSignals, unavailable
 from pd_operator.core.status import ConditionSpec, ScalingView
 
 logger = logging.getLogger(__name__)
-
-ReaderFactory = Callable[[str], PrometheusReader]
 
 
 def _iso(unix_seconds: float) -> str:
@@ -85,6 +95,11 @@ def _damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> N
             view.observed = dict(old_observed)
 
 
+def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozenset[tuple[str, str]]:
+    refs = (prometheus.bearer_token_secret_ref, prometheus.ca_secret_ref) if prometheus else ()
+    return frozenset((namespace, ref.name) for ref in refs if ref is not None)
+
+
 def _pool_observations(pdd: PDDeployment, snapshot: Snapshot) -> dict[PoolKey, PoolObservation]:
     replicas = current_replicas(pdd, snapshot.children)
     observed = {}
@@ -110,20 +125,26 @@ class Autoscaler:
         enqueue: Callable[[ObjectKey], None],
         *,
         default_prometheus_url: str | None = None,
+        default_credentials: FileCredentials | None = None,
+        secrets: SecretCache | None = None,
         readers: ReaderFactory = PrometheusReader,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
         self.enqueue = enqueue
         self.default_prometheus_url = default_prometheus_url
-        self.readers = readers
+        self.default_credentials = default_credentials  # for the default URL only
+        self.secrets = secrets  # None: Secrets are not read, a reference makes metrics unavailable
+        self.readers = PrometheusReaders(readers)
         self.clock = clock
         self._lock = threading.Lock()
         self._states: dict[ObjectKey, PolicyState] = {}
         self._last_run: dict[ObjectKey, float] = {}
         self._decisions: dict[ObjectKey, Mapping[PoolKey, int]] = {}
         self._views: dict[ObjectKey, ScalingView] = {}
-        self._reader_cache: dict[str, PrometheusReader] = {}
+        # What each object reads through and which Secrets it names, so that readers and
+        # cached Secrets nobody uses any more are dropped.
+        self._sources: dict[ObjectKey, tuple[ReaderKey | None, frozenset[tuple[str, str]]]] = {}
         self.last_report = ReadReport()
 
     # The reconciler's side: what to apply and what to write into status.
@@ -142,10 +163,28 @@ class Autoscaler:
             handed.events, view.events = view.events, []
             return handed
 
-    def _reader(self, url: str) -> PrometheusReader:
-        if url not in self._reader_cache:
-            self._reader_cache[url] = self.readers(url)
-        return self._reader_cache[url]
+    def _reader(self, key: ReaderKey) -> PrometheusReader:
+        return self.readers.get(*key)
+
+    def _source(self, namespace: str, pdd: PDDeployment) -> tuple[str | None, Credentials]:
+        """The URL and credentials of an object's Prometheus; raises CredentialsError.
+
+        The operator's own token and CA go to its default URL only, never to a URL from a spec.
+        """
+        prometheus = pdd.spec.scaling.prometheus
+        if prometheus is None:
+            url = self.default_prometheus_url
+            if url is None or self.default_credentials is None:
+                return url, NO_CREDENTIALS
+            return url, self.default_credentials.current()
+        token_ref, ca_ref = prometheus.bearer_token_secret_ref, prometheus.ca_secret_ref
+        if token_ref is None and ca_ref is None:
+            return prometheus.url, NO_CREDENTIALS
+        if self.secrets is None:
+            raise CredentialsError(
+                "spec.scaling.prometheus: this operator was started without access to Secrets"
+            )
+        return prometheus.url, secret_credentials(self.secrets, namespace, token_ref, ca_ref)
 
     def cycle(self) -> int:
         """One pass over every due PDDeployment; returns how many were decided."""
@@ -190,32 +229,44 @@ class Autoscaler:
     def _read(
         self, due: list[tuple[ObjectKey, PDDeployment, Snapshot]], now: float
     ) -> dict[RoleKey, RoleSignals]:
-        """Grouped reads, one set of queries per Prometheus server in use."""
-        by_url: dict[str, list[SignalTarget]] = {}
+        """Grouped reads, one set of queries per Prometheus server and credentials in use."""
+        by_reader: dict[ReaderKey, list[SignalTarget]] = {}
         signals: dict[RoleKey, RoleSignals] = {}
         for key, pdd, _ in due:
             spec = pdd.spec
-            url = spec.scaling.prometheus.url if spec.scaling.prometheus else None
-            url = url or self.default_prometheus_url
             target = SignalTarget(
                 key[0], key[1], spec.model.engine, spec.slo.ttft.percentile,
                 spec.slo.itl.percentile, spec.slo.window_seconds,
             )  # fmt: skip
+            named = _named_secrets(key[0], spec.scaling.prometheus)
+            try:
+                url, credentials = self._source(key[0], pdd)
+            except CredentialsError as error:
+                url, problem = None, str(error)
+            else:
+                problem = "no Prometheus URL: set spec.scaling.prometheus.url"
             if url is None:
-                missing = unavailable("no Prometheus URL: set spec.scaling.prometheus.url")
+                self._sources[key] = (None, named)
+                missing = unavailable(problem)
                 for role in ROLES:
                     signals[(key[0], key[1], role)] = RoleSignals(
                         sample_time=now, ttft_seconds=missing, itl_seconds=missing
                     )
                 continue
-            by_url.setdefault(url, []).append(target)
+            self._sources[key] = ((url, credentials), named)
+            by_reader.setdefault((url, credentials), []).append(target)
+        live = set(self.cache.pdd_keys())
+        self._sources = {k: v for k, v in self._sources.items() if k in live}
         report = ReadReport()
-        for url, targets in by_url.items():
-            read, part = self._reader(url).read(targets, now)
+        for reader_key, targets in by_reader.items():
+            read, part = self._reader(reader_key).read(targets, now)
             signals |= read
             report.queries += part.queries
             report.errors += part.errors
             report.failing_queries |= part.failing_queries
+        self.readers.retain(k for k, _ in self._sources.values() if k is not None)
+        if self.secrets is not None:
+            self.secrets.retain(name for _, names in self._sources.values() for name in names)
         metrics.PROMETHEUS_QUERIES.inc(report.queries)
         self.last_report = report
         return signals

@@ -18,6 +18,12 @@ from kubernetes import client
 
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ClusterCache, ObjectKey
+from pd_operator.adapters.credentials import (
+    SECRET_TTL_SECONDS,
+    FileCredentials,
+    SecretCache,
+    kube_secret_fetch,
+)
 from pd_operator.adapters.kube import KubeWriter
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.core.children import MANAGED_BY
@@ -41,6 +47,11 @@ class OperatorConfig:
     metrics_port: int = 0  # 0: no metrics server
     peering_name: str | None = None  # None: standalone (one replica, no peering objects)
     prometheus_url: str | None = None  # for objects without spec.scaling.prometheus
+    # The operator's credentials for prometheus_url (never sent to a URL from a spec).
+    prometheus_bearer_token_file: str | None = None
+    prometheus_ca_file: str | None = None
+    # How long a Secret named by spec.scaling.prometheus is used before it is read again.
+    secret_ttl_seconds: float = SECRET_TTL_SECONDS
     autoscale: bool = True
     autoscale_tick_seconds: float = 1.0  # how often due objects are looked for
 
@@ -60,7 +71,17 @@ class OperatorState:
         self.queue = WorkQueue()
         self.writer = KubeWriter(api_client)
         self.autoscaler = Autoscaler(
-            self.cache, self.queue.add_threadsafe, default_prometheus_url=config.prometheus_url
+            self.cache,
+            self.queue.add_threadsafe,
+            default_prometheus_url=config.prometheus_url,
+            default_credentials=FileCredentials(
+                config.prometheus_bearer_token_file,
+                config.prometheus_ca_file,
+                ttl_seconds=config.secret_ttl_seconds,
+            ),
+            secrets=SecretCache(
+                kube_secret_fetch(api_client), ttl_seconds=config.secret_ttl_seconds
+            ),
         )
         self.reconciler = Reconciler(
             self.cache,
@@ -155,6 +176,7 @@ class OperatorState:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
+        self.autoscaler.readers.close()  # removes the CA files written for Prometheus
 
 
 def _event_parts(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
