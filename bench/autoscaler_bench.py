@@ -11,16 +11,18 @@ per cycle, and API writes per cycle once the objects are steady.
 
 import argparse
 import copy
+import cProfile
+import multiprocessing
+import pstats
 import statistics
 import sys
-import threading
 import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client, config
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kubetools import RunningOperator, create_pdd, wait_for, writes
@@ -32,41 +34,76 @@ SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"
 NAMESPACE = "bench"
 
 
-def serve_metrics(prometheus: LocalPrometheus, objects: int) -> threading.Event:
-    """One endpoint with vLLM-named series for every object, refreshed until the event is set."""
-    registry = CollectorRegistry()
-    labels = ["namespace", "deployment", "role", "model_name"]
-    ttft = Histogram("vllm:time_to_first_token_seconds", "t", labels, registry=registry)
-    itl = Histogram("vllm:inter_token_latency_seconds", "i", labels, registry=registry)
-    prompt = Counter("vllm:prompt_tokens", "p", labels, registry=registry)
+# vLLM's bucket bounds for the two latency histograms (a subset is enough for the quantiles).
+TTFT_BOUNDS = (0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+ITL_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25)
+
+
+def _exposition(objects: int, started: float) -> bytes:
+    """Text-format series for every object: one request per second each, TTFT 1 s, ITL 12 ms."""
+    n = max(1, int(time.time() - started))
+    lines = []
+    for i in range(objects):
+        name = f"bench-{i:04d}"
+        for role, metric, bounds, value in (
+            ("prefill", "vllm:time_to_first_token_seconds", TTFT_BOUNDS, 1.0),
+            ("decode", "vllm:inter_token_latency_seconds", ITL_BOUNDS, 0.012),
+        ):
+            labels = f'namespace="{NAMESPACE}",deployment="{name}",role="{role}"'
+            for bound in bounds:
+                count = n if value <= bound else 0
+                lines.append(f'{metric}_bucket{{{labels},le="{bound}"}} {count}')
+            lines.append(f'{metric}_bucket{{{labels},le="+Inf"}} {n}')
+            lines.append(f"{metric}_sum{{{labels}}} {n * value}")
+            lines.append(f"{metric}_count{{{labels}}} {n}")
+        labels = f'namespace="{NAMESPACE}",deployment="{name}",role="prefill"'
+        lines.append(f"vllm:prompt_tokens_total{{{labels}}} {n * 1000}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _serve_metrics_forever(port: int, objects: int) -> None:
+    """The metrics endpoint, in its own process: rendering ~20,000 series per scrape in the
+    operator's process would take the GIL from the operator being measured."""
+    started = time.time()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = _exposition(objects, started)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def serve_metrics(prometheus: LocalPrometheus, objects: int) -> multiprocessing.Process:
+    """Start the metrics endpoint in a child process and point Prometheus at it."""
     port = free_port()
-    start_http_server(port, addr="127.0.0.1", registry=registry)
+    process = multiprocessing.get_context("spawn").Process(
+        target=_serve_metrics_forever, args=(port, objects), daemon=True
+    )
+    process.start()
     prometheus.set_targets("bench", [f"127.0.0.1:{port}"], {})
-    stop = threading.Event()
-
-    def feed() -> None:
-        while not stop.wait(1.0):
-            for i in range(objects):
-                name = f"bench-{i:04d}"
-                ttft.labels(NAMESPACE, name, "prefill", "m").observe(1.0)
-                itl.labels(NAMESPACE, name, "decode", "m").observe(0.012)
-                prompt.labels(NAMESPACE, name, "prefill", "m").inc(1000)
-
-    threading.Thread(target=feed, daemon=True).start()
-    return stop
+    return process
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--objects", type=int, default=500)
     parser.add_argument("--cycles", type=int, default=6)
+    parser.add_argument("--profile", action="store_true", help="cProfile the last cycle")
     args = parser.parse_args()
     template: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     template["spec"]["scaling"].update(intervalSeconds=10)
     template["spec"]["slo"]["windowSeconds"] = 20
 
     with LocalCluster() as cluster, LocalPrometheus() as prometheus:
-        stop_feed = serve_metrics(prometheus, args.objects)
+        feed = serve_metrics(prometheus, args.objects)
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NAMESPACE}})
         operator = RunningOperator(
@@ -92,7 +129,15 @@ def main() -> int:
                 fake_now[0] += 10.0  # every object is due
                 before = writes()
                 wall, cpu = time.perf_counter(), time.thread_time()
+                profiler = (
+                    cProfile.Profile() if args.profile and len(rows) == args.cycles - 1 else None
+                )
+                if profiler:
+                    profiler.enable()
                 decided = autoscaler.cycle()
+                if profiler:
+                    profiler.disable()
+                    pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
                 wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
                 assert decided == args.objects, f"only {decided} decided"
                 wait_for(operator.settled, timeout=300, what="the reconciles to finish")
@@ -101,7 +146,7 @@ def main() -> int:
                 rows.append((wall, cpu, autoscaler.last_report.queries, writes() - before))
         finally:
             operator.stop()
-            stop_feed.set()
+            feed.terminate()
 
     pools = 2 * args.objects
     steady = rows[2:] or rows

@@ -284,7 +284,10 @@ class PrometheusReaders:
         """Drop every reader not in `keys` (credentials replaced, objects gone) and its CA file."""
         wanted = set(keys)
         for key in [k for k in self._readers if k not in wanted]:
-            _, ca_path = self._readers.pop(key)
+            reader, ca_path = self._readers.pop(key)
+            close = getattr(reader, "close", None)  # test doubles may have none
+            if close:
+                close()
             _remove(ca_path)
 
     def close(self) -> None:

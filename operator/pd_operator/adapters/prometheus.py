@@ -8,6 +8,7 @@ the object). Unknown is never zero.
 import math
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailab
 
 RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
 QUERY_TIMEOUT_SECONDS = 5
+QUERY_THREADS = 4  # queries of one cycle in flight at once
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,33 @@ class PrometheusReader:
             url=url, headers=headers, session=session, timeout=timeout_seconds
         )
         self.url = url
+        self._pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="prometheus-query")
 
     def _query(self, text: str, report: ReadReport) -> list[dict[str, Any]] | None:
-        report.queries += 1
+        return self._query_all([text], report)[0]
+
+    def _query_all(
+        self, texts: Sequence[str], report: ReadReport
+    ) -> list[list[dict[str, Any]] | None]:
+        """Several queries at once, results in order; the report is updated here, not in
+        the pool's threads."""
+        outcomes = list(self._pool.map(self._send, texts))
+        report.queries += len(texts)
+        for text, (_, error) in zip(texts, outcomes, strict=True):
+            if error is not None:
+                report.errors.append(f"{text}: {error}")
+        return [result for result, _ in outcomes]
+
+    def _send(self, text: str) -> tuple[list[dict[str, Any]] | None, Exception | None]:
         try:
             result: list[dict[str, Any]] = self._client.custom_query(text)
-            return result
+            return result, None
         except (PrometheusApiClientException, requests.RequestException, ValueError) as error:
-            report.errors.append(f"{text}: {error}")
-            return None
+            return None, error
+
+    def close(self) -> None:
+        """Stop the query threads."""
+        self._pool.shutdown(wait=False)
 
     def read(
         self, targets: Sequence[SignalTarget], now: float | None = None
@@ -104,14 +124,51 @@ class PrometheusReader:
         report: ReadReport,
     ) -> dict[RoleKey, RoleSignals]:
         values: dict[RoleKey, dict[str, Reading]] = {}
-        wanted = {(t.namespace, t.name) for t in targets}
 
-        def collect(
-            signal: str, roles: tuple[str, ...], query: str, keys: Iterable[tuple[str, str]]
-        ) -> None:
-            """Run one query and hand its series to every object and role it covers."""
-            result = self._query(query, report)
-            keys = [k for k in keys if k in wanted]
+        # (signal, roles, query, keys): planned first, then sent concurrently, since each
+        # query waits on Prometheus and none depends on another.
+        jobs: list[tuple[str, tuple[str, ...], str, list[tuple[str, str]]]] = []
+
+        def keys_where(**match: Any) -> list[tuple[str, str]]:
+            return [
+                (t.namespace, t.name)
+                for t in targets
+                if all(getattr(t, k) == v for k, v in match.items())
+            ]
+
+        for percentile, window in sorted({(t.ttft_percentile, t.window_seconds) for t in targets}):
+            query = promql.quantile_query(adapter.ttft_histogram, "prefill", percentile, window)
+            keys = keys_where(ttft_percentile=percentile, window_seconds=window)
+            jobs.append(("ttft_seconds", ("prefill",), query, keys))
+        for percentile, window in sorted({(t.itl_percentile, t.window_seconds) for t in targets}):
+            query = promql.quantile_query(adapter.itl_histogram, "decode", percentile, window)
+            keys = keys_where(itl_percentile=percentile, window_seconds=window)
+            jobs.append(("itl_seconds", ("decode",), query, keys))
+        for window in sorted({t.window_seconds for t in targets}):
+            keys = keys_where(window_seconds=window)
+            for role in ("prefill", "decode"):
+                histogram = adapter.ttft_histogram if role == "prefill" else adapter.itl_histogram
+                jobs.append(("requests_per_second", (role,),
+                             promql.request_rate_query(histogram, role, window), keys))  # fmt: skip
+            for signal, counter in (
+                ("prompt_tokens_per_second", adapter.prompt_tokens),
+                ("generation_tokens_per_second", adapter.generation_tokens),
+            ):
+                if counter:
+                    query = promql.counter_rate_query(counter, window)
+                    jobs.append((signal, ("prefill", "decode"), query, keys))
+        all_keys = keys_where()
+        for signal, gauge, aggregate in (
+            ("queue_depth", adapter.waiting, "sum"),
+            ("running_requests", adapter.running, "sum"),
+            ("kv_cache_usage", adapter.kv_usage, "avg"),
+        ):
+            if gauge:
+                jobs.append((signal, ("prefill", "decode"),
+                             promql.gauge_query(gauge, aggregate), all_keys))  # fmt: skip
+
+        results = self._query_all([query for _, _, query, _ in jobs], report)
+        for (signal, roles, query, keys), result in zip(jobs, results, strict=True):
             for role in roles:
                 found = _by_role(result, role) if result is not None else {}
                 for namespace, name in keys:
@@ -123,45 +180,6 @@ class PrometheusReader:
                         reading = unavailable(f"no series: {query}")
                         report.failing_queries.setdefault(key, query)
                     values.setdefault(key, {})[signal] = reading
-
-        def keys_where(**match: Any) -> list[tuple[str, str]]:
-            return [
-                (t.namespace, t.name)
-                for t in targets
-                if all(getattr(t, k) == v for k, v in match.items())
-            ]
-
-        for percentile, window in sorted({(t.ttft_percentile, t.window_seconds) for t in targets}):
-            query = promql.quantile_query(adapter.ttft_histogram, "prefill", percentile, window)
-            collect("ttft_seconds", ("prefill",), query,
-                    keys_where(ttft_percentile=percentile, window_seconds=window))  # fmt: skip
-        for percentile, window in sorted({(t.itl_percentile, t.window_seconds) for t in targets}):
-            query = promql.quantile_query(adapter.itl_histogram, "decode", percentile, window)
-            collect("itl_seconds", ("decode",), query,
-                    keys_where(itl_percentile=percentile, window_seconds=window))  # fmt: skip
-        for window in sorted({t.window_seconds for t in targets}):
-            keys = keys_where(window_seconds=window)
-            for role in ("prefill", "decode"):
-                histogram = adapter.ttft_histogram if role == "prefill" else adapter.itl_histogram
-                collect("requests_per_second", (role,),
-                        promql.request_rate_query(histogram, role, window), keys)  # fmt: skip
-            for signal, counter in (
-                ("prompt_tokens_per_second", adapter.prompt_tokens),
-                ("generation_tokens_per_second", adapter.generation_tokens),
-            ):
-                if counter:
-                    query = promql.counter_rate_query(counter, window)
-                    collect(signal, ("prefill", "decode"), query, keys)
-        all_keys = keys_where()
-        for signal, gauge, aggregate in (
-            ("queue_depth", adapter.waiting, "sum"),
-            ("running_requests", adapter.running, "sum"),
-            ("kv_cache_usage", adapter.kv_usage, "avg"),
-        ):
-            if gauge:
-                collect(
-                    signal, ("prefill", "decode"), promql.gauge_query(gauge, aggregate), all_keys
-                )
         return {
             (t.namespace, t.name, role): RoleSignals(
                 sample_time=now, **values.get((t.namespace, t.name, role), {})

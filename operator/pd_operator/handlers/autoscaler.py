@@ -100,6 +100,10 @@ def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozens
     return frozenset((namespace, ref.name) for ref in refs if ref is not None)
 
 
+def _status_fields(view: ScalingView) -> tuple[Any, ...]:
+    return view.observed, view.last_decision, view.conditions
+
+
 def _pool_observations(pdd: PDDeployment, snapshot: Snapshot) -> dict[PoolKey, PoolObservation]:
     replicas = current_replicas(pdd, snapshot.children)
     observed = {}
@@ -122,7 +126,7 @@ class Autoscaler:
     def __init__(
         self,
         cache: ClusterCache,
-        enqueue: Callable[[ObjectKey], None],
+        enqueue: Callable[[list[ObjectKey]], None],
         *,
         default_prometheus_url: str | None = None,
         default_credentials: FileCredentials | None = None,
@@ -142,6 +146,7 @@ class Autoscaler:
         self._last_run: dict[ObjectKey, float] = {}
         self._decisions: dict[ObjectKey, Mapping[PoolKey, int]] = {}
         self._views: dict[ObjectKey, ScalingView] = {}
+        self._parsed: dict[ObjectKey, tuple[tuple[str, int], PDDeployment | None]] = {}
         # What each object reads through and which Secrets it names, so that readers and
         # cached Secrets nobody uses any more are dropped.
         self._sources: dict[ObjectKey, tuple[ReaderKey | None, frozenset[tuple[str, str]]]] = {}
@@ -162,6 +167,21 @@ class Autoscaler:
             handed = ScalingView(view.observed, view.last_decision, list(view.conditions))
             handed.events, view.events = view.events, []
             return handed
+
+    def _parse(self, key: ObjectKey, body: Mapping[str, Any]) -> PDDeployment | None:
+        """The validated object, parsed again only when its spec changed (a new generation):
+        validation is most of a cycle's CPU when hundreds of objects are due."""
+        meta = body["metadata"]
+        version = (str(meta.get("uid")), int(meta.get("generation") or 0))
+        cached = self._parsed.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        try:
+            pdd: PDDeployment | None = parse_pddeployment(dict(body))
+        except InvalidSpecError:
+            pdd = None
+        self._parsed[key] = (version, pdd)
+        return pdd
 
     def _reader(self, key: ReaderKey) -> PrometheusReader:
         return self.readers.get(*key)
@@ -191,13 +211,15 @@ class Autoscaler:
         began = time.monotonic()
         now = self.clock()
         due: list[tuple[ObjectKey, PDDeployment, Snapshot]] = []
-        for key in self.cache.pdd_keys():
+        keys = self.cache.pdd_keys()
+        if len(self._parsed) > len(keys):
+            self._drop_deleted(set(keys))
+        for key in keys:
             snapshot = self.cache.snapshot(key)
             if snapshot is None:
                 continue
-            try:
-                pdd = parse_pddeployment(dict(snapshot.pdd))
-            except InvalidSpecError:
+            pdd = self._parse(key, snapshot.pdd)
+            if pdd is None:
                 continue  # the reconciler reports it
             scaling = pdd.spec.scaling
             if scaling.mode == "Disabled":
@@ -209,6 +231,7 @@ class Autoscaler:
             return 0
         signals = self._read(due, now)
         capacity = free_capacity(self.cache.nodes(), self.cache.all_pods())
+        changed: list[ObjectKey] = []
         for key, pdd, snapshot in due:
             observation = Observation(
                 signals={role: signals[(key[0], key[1], role)] for role in ROLES},
@@ -219,10 +242,13 @@ class Autoscaler:
             decision = decide(pdd.spec, observation, state, now)
             if decision is None:
                 continue
-            self._record(
+            if self._record(
                 key, pdd=pdd, snapshot=snapshot, observation=observation, decision=decision, now=now
-            )
-            self.enqueue(key)
+            ):
+                changed.append(key)
+        # Only objects with something new to apply or write; one hand-over for all of them.
+        if changed:
+            self.enqueue(changed)
         metrics.DECISION_CYCLE_SECONDS.observe(time.monotonic() - began)
         return len(due)
 
@@ -280,7 +306,8 @@ class Autoscaler:
         observation: Observation,
         decision: Decision,
         now: float,
-    ) -> None:
+    ) -> bool:
+        """Keep what the reconciler should write; True when it differs from the last time."""
         spec = pdd.spec
         prefill, decode = observation.signals["prefill"], observation.signals["decode"]
         ttft_ms = _milliseconds(prefill, "ttft_seconds")
@@ -365,14 +392,26 @@ class Autoscaler:
             decision=decision,
             observation=observation,
         )
+        decided = dict(decision.replicas) if spec.scaling.mode == "Active" else None
         with self._lock:
+            previous = self._views.get(key)
+            changed = (
+                previous is None
+                or bool(view.events)
+                or _status_fields(previous) != _status_fields(view)
+                or self._decisions.get(key) != decided
+            )
             self._states[key] = decision.state
             self._last_run[key] = now
-            self._views[key] = view
-            if spec.scaling.mode == "Active":
-                self._decisions[key] = dict(decision.replicas)
-            else:
+            if changed:
+                if previous is not None:  # events not yet handed to the reconciler
+                    view.events = previous.events + view.events
+                self._views[key] = view
+            if decided is None:
                 self._decisions.pop(key, None)
+            else:
+                self._decisions[key] = decided
+        return changed
 
     def _transition_events(
         self,
@@ -440,6 +479,12 @@ class Autoscaler:
         wanted = sum(decision.replicas.values())
         direction = "up" if wanted > current else "down" if wanted < current else "hold"
         metrics.DECISIONS.labels(direction=direction, limited_by=decision.limited_by).inc()
+
+    def _drop_deleted(self, live: set[ObjectKey]) -> None:
+        """Forget what was kept for objects that no longer exist."""
+        for key in [k for k in self._parsed if k not in live]:
+            self._forget(key)
+            self._parsed.pop(key, None)
 
     def _forget(self, key: ObjectKey) -> None:
         with self._lock:

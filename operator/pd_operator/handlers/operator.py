@@ -72,7 +72,7 @@ class OperatorState:
         self.writer = KubeWriter(api_client)
         self.autoscaler = Autoscaler(
             self.cache,
-            self.queue.add_threadsafe,
+            self.queue.add_all_threadsafe,
             default_prometheus_url=config.prometheus_url,
             default_credentials=FileCredentials(
                 config.prometheus_bearer_token_file,

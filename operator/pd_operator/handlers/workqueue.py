@@ -5,6 +5,7 @@ again once the worker is done, so no change is lost and no object is reconciled 
 """
 
 import asyncio
+from collections.abc import Iterable
 
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ObjectKey
@@ -29,11 +30,17 @@ class WorkQueue:
             self._queue.put_nowait(key)
             metrics.QUEUE_DEPTH.set(len(self._queued))
 
-    def add_threadsafe(self, key: ObjectKey) -> None:
-        """`add` from another thread (the autoscaler runs in a worker thread)."""
+    def add_all_threadsafe(self, keys: Iterable[ObjectKey]) -> None:
+        """`add` from another thread (the autoscaler runs in a worker thread), in one hand-over:
+        each wake-up of the loop costs the calling thread a GIL switch, milliseconds apiece."""
         if self._loop is None:
             return  # not started: the first reconcile will read the decision anyway
-        self._loop.call_soon_threadsafe(self.add, key)
+        keys = list(keys)
+        self._loop.call_soon_threadsafe(self._add_all, keys)
+
+    def _add_all(self, keys: list[ObjectKey]) -> None:
+        for key in keys:
+            self.add(key)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Remember the loop that owns the queue."""
