@@ -112,6 +112,7 @@ def test_ttft_breach_grows_prefill_and_status_says_why(
     )
     assert condition(obj, "SLOMet")["status"] == "False"
     assert condition(obj, "MetricsAvailable")["status"] == "True"
+    assert condition(obj, "MetricsConfigured")["status"] == "True"
     assert obj["status"]["observed"]["ttftMilliseconds"] > 6000
     assert wait_for(lambda: events(api_client, namespace, "ScaledUp"), what="a ScaledUp event")
     assert events(api_client, namespace, "SLOViolated")
@@ -160,3 +161,30 @@ def test_advisory_mode_records_but_does_not_apply(
     assert prefill_replicas(api_client, namespace) == 1
     scaled = wait_for(lambda: events(api_client, namespace, "ScaledUp"), what="a ScaledUp event")
     assert "advisory" in scaled[0].message
+
+
+def test_ready_pods_without_series_say_metrics_misconfigured(
+    operator, api_client, namespace, prometheus, engine_metrics
+):
+    # Prometheus scrapes the decode engines only: the prefill pods run, their series never come.
+    decode = engine_metrics("decode")
+    create_pdd(api_client, namespace, pdd_body(prometheus.url))
+
+    def misconfigured():
+        decode.itl.labels(model_name="m").observe(0.012)
+        obj = get_pdd(api_client, namespace, "glm-hetero")
+        return condition(obj, "MetricsConfigured").get("status") == "False" and obj
+
+    obj = wait_for(misconfigured, timeout=60, interval=1, what="MetricsConfigured=False")
+    message = condition(obj, "MetricsConfigured")["message"]
+    assert condition(obj, "MetricsConfigured")["reason"] == "MetricsMisconfigured"
+    assert message.startswith("prefill: 1 pods Ready but no series: ")
+    assert 'role="prefill"' in message and "time_to_first_token" in message  # the query
+    assert "decode" not in message.split(". Check")[0]  # decode's series are found
+    assert condition(obj, "MetricsAvailable")["status"] == "False"
+    assert obj["status"]["lastDecision"]["limitedBy"] == "metrics"
+    assert prefill_replicas(api_client, namespace) == 1
+    assert wait_for(
+        lambda: events(api_client, namespace, "MetricsMisconfigured"),
+        what="a MetricsMisconfigured event",
+    )

@@ -21,6 +21,7 @@ from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailab
 
 RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
 QUERY_TIMEOUT_SECONDS = 5
+NO_SERIES = "no series: "  # how an unavailable reading says its query found nothing
 QUERY_THREADS = 4  # queries of one cycle in flight at once
 
 
@@ -177,7 +178,7 @@ class PrometheusReader:
                     if result is None:
                         reading = unavailable(f"query failed: {query}")
                     elif reading is None:
-                        reading = unavailable(f"no series: {query}")
+                        reading = unavailable(f"{NO_SERIES}{query}")
                         report.failing_queries.setdefault(key, query)
                     values.setdefault(key, {})[signal] = reading
         return {

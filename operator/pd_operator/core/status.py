@@ -17,7 +17,12 @@ from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
 
 # Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
 FOREIGN_FIELDS = ("observed", "lastDecision")
-AUTOSCALER_CONDITIONS = (reasons.SLO_MET, reasons.METRICS_AVAILABLE, reasons.CAPACITY_AVAILABLE)
+AUTOSCALER_CONDITIONS = (
+    reasons.SLO_MET,
+    reasons.METRICS_AVAILABLE,
+    reasons.METRICS_CONFIGURED,
+    reasons.CAPACITY_AVAILABLE,
+)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,13 @@ from pd_operator.adapters.credentials import (
     SecretCache,
     secret_credentials,
 )
-from pd_operator.adapters.prometheus import PrometheusReader, ReadReport, RoleKey, SignalTarget
+from pd_operator.adapters.prometheus import (
+    NO_SERIES,
+    PrometheusReader,
+    ReadReport,
+    RoleKey,
+    SignalTarget,
+)
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
 from pd_operator.api.spec import PrometheusSpec
 from pd_operator.core import reasons
@@ -39,7 +45,7 @@ from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.reconcile import EventSpec, all_pools, current_replicas
-from pd_operator.core.signals import ReadingKind, RoleSignals, unavailable
+from pd_operator.core.signals import Reading, ReadingKind, RoleSignals, unavailable
 from pd_operator.core.status import ConditionSpec, ScalingView
 
 logger = logging.getLogger(__name__)
@@ -100,6 +106,44 @@ def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozens
     return frozenset((namespace, ref.name) for ref in refs if ref is not None)
 
 
+def _metrics_configured(
+    missing: Mapping[str, Reading],
+    observation: Observation,
+    lacking_since: Mapping[str, float],
+    grace_seconds: float,
+    now: float,
+) -> ConditionSpec:
+    """False when a role's latency query has found no series for longer than `grace_seconds`
+    although pods of the role are Ready: the engines run, so Prometheus does not scrape them
+    or their labels do not match. (A new target needs a scrape and a rate window first.)"""
+    problems, waiting = [], []
+    for role, reading in missing.items():
+        if not (reading.reason or "").startswith(NO_SERIES):
+            continue  # an error or an outage, not a query that finds nothing
+        ready = sum(p.ready for (r, _), p in observation.pools.items() if r == role)
+        if not ready or now - lacking_since.get(role, now) < grace_seconds:
+            waiting.append(role)
+        else:
+            problems.append(f"{role}: {ready} pods Ready but {reading.reason}")
+    if problems:
+        message = "; ".join(problems) + (
+            ". Check that Prometheus scrapes the pods and relabels pdoperator.io/deployment and "
+            "pdoperator.io/role to the labels deployment and role (docs/observability.md), and "
+            "that spec.model.engine names the engine that serves them"
+        )
+        return ConditionSpec(
+            reasons.METRICS_CONFIGURED, False, reasons.METRICS_MISCONFIGURED, message[:1024]
+        )
+    if waiting:
+        return ConditionSpec(
+            reasons.METRICS_CONFIGURED,
+            None,
+            reasons.NO_READY_PODS,
+            f"no series yet for {', '.join(waiting)}: its pods are not Ready or just started",
+        )
+    return ConditionSpec(reasons.METRICS_CONFIGURED, True, reasons.AS_EXPECTED, "")
+
+
 def _status_fields(view: ScalingView) -> tuple[Any, ...]:
     return view.observed, view.last_decision, view.conditions
 
@@ -147,6 +191,7 @@ class Autoscaler:
         self._decisions: dict[ObjectKey, Mapping[PoolKey, int]] = {}
         self._views: dict[ObjectKey, ScalingView] = {}
         self._parsed: dict[ObjectKey, tuple[tuple[str, int], PDDeployment | None]] = {}
+        self._no_series_since: dict[ObjectKey, dict[str, float]] = {}
         # What each object reads through and which Secrets it names, so that readers and
         # cached Secrets nobody uses any more are dropped.
         self._sources: dict[ObjectKey, tuple[ReaderKey | None, frozenset[tuple[str, str]]]] = {}
@@ -243,7 +288,13 @@ class Autoscaler:
             if decision is None:
                 continue
             if self._record(
-                key, pdd=pdd, snapshot=snapshot, observation=observation, decision=decision, now=now
+                key,
+                pdd=pdd,
+                snapshot=snapshot,
+                observation=observation,
+                decision=decision,
+                failing=self.last_report.failing_queries,
+                now=now,
             ):
                 changed.append(key)
         # Only objects with something new to apply or write; one hand-over for all of them.
@@ -305,6 +356,7 @@ class Autoscaler:
         snapshot: Snapshot,
         observation: Observation,
         decision: Decision,
+        failing: Mapping[RoleKey, str],
         now: float,
     ) -> bool:
         """Keep what the reconciler should write; True when it differs from the last time."""
@@ -350,6 +402,9 @@ class Autoscaler:
             view.conditions.append(
                 ConditionSpec(reasons.METRICS_AVAILABLE, True, reasons.AS_EXPECTED, "")
             )
+        lacking_since = self._lacking_series(key, observation, failing, now)
+        grace = spec.slo.window_seconds + spec.scaling.interval_seconds
+        view.conditions.append(_metrics_configured(missing, observation, lacking_since, grace, now))
         if None in slo_met:
             view.conditions.append(
                 ConditionSpec(reasons.SLO_MET, None, reasons.METRICS_UNAVAILABLE, "latency unknown")
@@ -429,6 +484,7 @@ class Autoscaler:
         for spec, reason in (
             (reasons.SLO_MET, reasons.EVENT_SLO_VIOLATED),
             (reasons.METRICS_AVAILABLE, reasons.EVENT_METRICS_UNAVAILABLE),
+            (reasons.METRICS_CONFIGURED, reasons.EVENT_METRICS_MISCONFIGURED),
             (reasons.CAPACITY_AVAILABLE, reasons.EVENT_CAPACITY_EXHAUSTED),
         ):
             condition = next(c for c in view.conditions if c.type == spec)
@@ -480,6 +536,23 @@ class Autoscaler:
         direction = "up" if wanted > current else "down" if wanted < current else "hold"
         metrics.DECISIONS.labels(direction=direction, limited_by=decision.limited_by).inc()
 
+    def _lacking_series(
+        self,
+        key: ObjectKey,
+        observation: Observation,
+        failing: Mapping[RoleKey, str],
+        now: float,
+    ) -> dict[str, float]:
+        """Since when each role has had Ready pods but no series (roles without: absent)."""
+        since = self._no_series_since.setdefault(key, {})
+        for role in ROLES:
+            ready = any(p.ready for (r, _), p in observation.pools.items() if r == role)
+            if (key[0], key[1], role) in failing and ready:
+                since.setdefault(role, now)
+            else:
+                since.pop(role, None)
+        return dict(since)
+
     def _drop_deleted(self, live: set[ObjectKey]) -> None:
         """Forget what was kept for objects that no longer exist."""
         for key in [k for k in self._parsed if k not in live]:
@@ -492,3 +565,4 @@ class Autoscaler:
             self._last_run.pop(key, None)
             self._decisions.pop(key, None)
             self._views.pop(key, None)
+            self._no_series_since.pop(key, None)
