@@ -7,11 +7,15 @@ seconds (a window from `--start`) through the offline simulator with the example
 (MTT S5000 prefill, H200 decode, GLM-4.5-FP8, replicas of 8 cards). ServeGen aggregates are
 rate curves over 14 days: they are replayed 144x faster (one day per 10 minutes) and scaled to
 `--servegen-rps` mean requests per second. Prints a markdown table; `--csv` also writes CSV.
+Then, per trace, the issue's targets for `pd-operator`: >= 99% of the feasible requests within
+both SLOs, card-hours <= 1.15x the oracle's, and fewer card-hours than every other policy
+that reaches the same attainment (printed, never asserted: a benchmark, not a test).
 """
 
 import argparse
 import csv
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pd_operator.api.document import parse_pddeployment
@@ -19,6 +23,7 @@ from pd_operator.core.hardware import GLM_45_FP8
 from pd_operator.sim.offline import (
     POLICY_NAMES,
     TABLE_COLUMNS,
+    SimResult,
     example_document,
     load_trace,
     markdown_table,
@@ -44,6 +49,41 @@ def _options(path: Path, start: float, duration: float, servegen_rps: float) -> 
     return ReplayOptions(start_s=start, duration_s=duration)
 
 
+ATTAINMENT_TARGET = 0.99
+ORACLE_RATIO_TARGET = 1.15
+TIE = 0.01  # card-hours within 1% count as the same
+
+
+def targets(results: Mapping[str, SimResult]) -> str:
+    """The issue's targets for pd-operator on one trace, as a line of text."""
+    ours = results.get("pd-operator")
+    if ours is None:
+        return "pd-operator not run"
+    hours = sum(ours.card_hours.values())
+    attained = ours.attainment()["feasible"]
+    parts = [f"pd-operator attains {attained:.3f} of feasible requests"]
+    parts[-1] += " (target >= 0.99: " + ("met)" if attained >= ATTAINMENT_TARGET else "missed)")
+    oracle = results.get("oracle")
+    if oracle is not None:
+        ratio = hours / max(1e-9, sum(oracle.card_hours.values()))
+        verdict = "met" if ratio <= ORACLE_RATIO_TARGET else "missed"
+        parts.append(f"card-hours {ratio:.2f}x the oracle's (target <= 1.15: {verdict})")
+    rivals = {
+        name: sum(other.card_hours.values())
+        for name, other in results.items()
+        if name not in ("pd-operator", "oracle") and other.attainment()["feasible"] >= attained
+    }
+    cheaper = [name for name, h in rivals.items() if h < hours * (1 - TIE)]
+    tied = [name for name, h in rivals.items() if abs(h - hours) <= hours * TIE]
+    if cheaper:
+        parts.append(f"{', '.join(cheaper)} reach(es) that attainment with fewer card-hours")
+    else:
+        parts.append("no other policy reaches that attainment with fewer card-hours")
+    if tied:
+        parts[-1] += f" ({', '.join(tied)}: the same card-hours)"
+    return "; ".join(parts)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path)
@@ -56,14 +96,19 @@ def main() -> int:
     paths = args.traces or sorted(p for p in TRACES.iterdir() if p.suffix in (".csv", ".jsonl"))
     spec = parse_pddeployment(example_document()).spec
     rows = []
+    verdicts = []
     for path in paths:
         requests = load_trace(path, _options(path, args.start, args.duration, args.servegen_rps))
         print(f"{path.name}: {len(requests):,} requests", file=sys.stderr)
+        results = {}
         for policy in args.policy or POLICY_NAMES:
-            result = simulate(spec, requests, policy, model=GLM_45_FP8)
-            rows.append({"trace": path.name, **table_row(result)})
+            results[policy] = simulate(spec, requests, policy, model=GLM_45_FP8)
+            rows.append({"trace": path.name, **table_row(results[policy])})
             print(f"  {policy}: {rows[-1]}", file=sys.stderr)
+        verdicts.append(f"{path.name}: {targets(results)}")
     print(markdown_table(rows, COLUMNS))
+    print()
+    print("\n".join(f"* {line}" for line in verdicts))
     if args.csv:
         with args.csv.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=COLUMNS)

@@ -144,15 +144,14 @@ def test_arima_extrapolates_a_trend_and_constant_does_not() -> None:
     assert _arima_forecast([3.0, 3.0, 3.0]) == 3.0
 
 
-def test_oracle_sizes_for_the_coming_interval_without_warm_up() -> None:
-    each = capacity()
-    # 2 replicas' worth of prompts arrive in [60, 120), nothing before.
-    rate = 2 * each / PROMPT
-    requests = [Request(60 + k / rate, int(PROMPT), 10) for k in range(int(60 * rate))]
-    oracle = Oracle(Arrivals(requests))
+def test_oracle_replays_its_hindsight_schedule_per_interval_without_warm_up() -> None:
+    quiet, busy = {PREFILL: 1, DECODE: 1}, {PREFILL: 3, DECODE: 2}
+    oracle = Oracle([quiet, busy, quiet])
     assert not oracle.warm_up
-    assert oracle.decide(view(0, {PREFILL: 1, DECODE: 1}))[PREFILL] == 1
-    assert oracle.decide(view(60, {PREFILL: 1, DECODE: 1}))[PREFILL] == 2
+    assert oracle.decide(view(0, {PREFILL: 1, DECODE: 1})) == quiet
+    assert oracle.decide(view(60, {PREFILL: 1, DECODE: 1})) == busy
+    assert oracle.decide(view(119.9, {PREFILL: 1, DECODE: 1})) == busy
+    assert oracle.decide(view(600, busy)) == quiet  # past the trace: its last interval
 
 
 def test_static_peak_is_sized_for_the_busiest_minute() -> None:

@@ -1,6 +1,9 @@
 """Capacity planner: the articles' claims from the profiles, and plans that deploy."""
 
+import json
 import math
+import random
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,11 +23,15 @@ from pd_operator.core.planner import (
     max_rate,
     plan,
 )
+from pd_operator.sim.baselines import StaticPeak
+from pd_operator.sim.offline import simulate
+from pd_operator.sim.workload import Request
 
 LONG = Workload(rate_rps=0.2, input_tokens=131_072, output_tokens=1000)
 # 128K prompts take seconds to prefill on any card; the articles quote TTFT 1-6 s for
-# "normal" (shorter) contexts, so the long-context comparison uses a 60 s TTFT for both sides.
-LONG_SLO = Target(ttft_ms=60_000, itl_ms=30)
+# "normal" (shorter) contexts, so the long-context comparison uses a 60 s TTFT for both sides,
+# met at P50 as the articles' SLO is ("SLO P50 TTFT").
+LONG_SLO = Target(ttft_ms=60_000, itl_ms=30, share=0.5)
 S5000, H200 = Candidate(MTT_S5000), Candidate(H200_SXM)
 
 
@@ -38,16 +45,23 @@ def test_s5000_prefill_per_card_is_46_to_54_percent_of_h200() -> None:
 def test_4p2d_heterogeneous_serves_what_2p2d_h200_serves() -> None:
     """4 S5000 prefill + 2 H200 decode vs 2 H200 prefill + 2 H200 decode (replicas of 8 cards).
 
-    Measured gap: the heterogeneous mix reaches 93% of the H200-only goodput in the model, not
-    100%. Throughput matches (2 x 50.5%); the rest is queueing: an S5000 replica takes twice as
-    long per 128K prompt, so at the same load its prompts wait longer for the same TTFT target.
+    Measured gap: at the articles' P50 TTFT the heterogeneous mix reaches 96% of the H200-only
+    goodput in the model, not 100%. Throughput matches (2 x 50.5%); the rest is queueing: an
+    S5000 replica takes twice as long per 128K prompt, so at the same load its prompts wait
+    longer for the same TTFT target. Held to 99% of requests instead, the gap widens to 57%:
+    the slower replicas' waiting-time tail is twice as long.
     """
     hetero = [PoolPlan("prefill", S5000, 4), PoolPlan("decode", H200, 2)]
     h200 = [PoolPlan("prefill", H200, 2), PoolPlan("decode", H200, 2)]
     ratio = max_rate(LONG, LONG_SLO, GLM_45_FP8, hetero) / max_rate(
         LONG, LONG_SLO, GLM_45_FP8, h200
     )
-    assert ratio == pytest.approx(0.93, abs=0.02)
+    assert ratio == pytest.approx(0.96, abs=0.02)
+    strict = Target(LONG_SLO.ttft_ms, LONG_SLO.itl_ms, share=0.99)
+    tail_ratio = max_rate(LONG, strict, GLM_45_FP8, hetero) / max_rate(
+        LONG, strict, GLM_45_FP8, h200
+    )
+    assert tail_ratio == pytest.approx(0.57, abs=0.02)
     # At a load both serve, both meet the SLO.
     at = Workload(0.15, LONG.input_tokens, LONG.output_tokens)
     for pools in (hetero, h200):
@@ -80,7 +94,7 @@ def test_scarce_cards_lead_to_a_mixed_vendor_pool() -> None:
     """With only 16 S5000 cards, prefill spills onto H200 in the same role."""
     scarce = Candidate(MTT_S5000, card_hour_price=1.0, max_cards=16)
     h200 = Candidate(H200_SXM, card_hour_price=3.5)
-    result = plan(Workload(0.5, 131_072, 1000), LONG_SLO, GLM_45_FP8, [scarce, h200])
+    result = plan(Workload(0.6, 131_072, 1000), LONG_SLO, GLM_45_FP8, [scarce, h200])
     assert result is not None
     prefill = {p.candidate.hardware.name for p in result.pools if p.role == "prefill"}
     assert prefill == {"mtt-s5000", "h200"}
@@ -164,3 +178,63 @@ def test_decode_tpot_falls_in_the_articles_range_at_normal_concurrency() -> None
     itls = [decode_itl_ms(H200_SXM, GLM_45_FP8, 8, batch, 8000) for batch in (16, 32, 64)]
     assert all(10 <= itl <= 20 for itl in itls)
     assert itls == sorted(itls)  # grows gently with concurrency
+
+
+TAILED = [(5_000, 300)] * 4 + [(40_000, 300)]  # mean prompt 12,000; a fifth of them 40K
+
+
+def test_a_long_tail_of_prompts_is_sized_for() -> None:
+    """Two workloads with the same mean prompt: one where every prompt has the mean length,
+    one where a fifth are 40K. The attention term makes the long ones cost far more than
+    their share of tokens, so the planner gives the tailed mix more prefill, and only that
+    plan holds the TTFT target for 99% of the requests when the engine simulator replays
+    the mix through it."""
+    tailed = Workload.from_lengths(6.0, TAILED)
+    flat = Workload(6.0, tailed.input_tokens, tailed.output_tokens)
+    assert tailed.input_tokens == flat.input_tokens == 12_000
+    target = Target(ttft_ms=3000, itl_ms=30)
+    candidates = [
+        Candidate(MTT_S5000, card_hour_price=1.5),
+        Candidate(H200_SXM, card_hour_price=3.5),
+    ]
+    sized = {
+        name: plan(work, target, GLM_45_FP8, candidates)
+        for name, work in (("tailed", tailed), ("flat", flat))
+    }
+    assert sized["tailed"] is not None and sized["flat"] is not None
+    assert sized["tailed"].cost_per_hour > sized["flat"].cost_per_hour
+    assert sized["tailed"].infeasible_share == 0
+    rng = random.Random(1)
+    requests, t = [], 0.0
+    while t < 900:
+        t += rng.expovariate(6.0)
+        requests.append(Request(t, *rng.choice(TAILED)))
+    attained = {}
+    for name, result in sized.items():
+        assert result is not None
+        document = deployment_document(result, name=name, model_name="zai-org/GLM-4.5-FP8")
+        fixed = StaticPeak({(p.role, p.candidate.hardware.name): p.replicas for p in result.pools})
+        run = simulate(parse_pddeployment(document).spec, requests, fixed, model=GLM_45_FP8)
+        attained[name] = run.attainment()["feasible"]
+    assert attained["tailed"] >= 0.99
+    assert attained["flat"] < 0.95
+
+
+def test_pdctl_plan_sizes_for_a_trace_s_length_distribution(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "tailed.jsonl"
+    rows = [
+        {"timestamp": k * 1000 // 6, "input_length": i, "output_length": o, "hash_ids": []}
+        for k, (i, o) in enumerate(TAILED * 60)
+    ]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = ["--ttft-ms", "3000", "--itl-ms", "30", "-o", "json"]
+    assert main(["plan", "--trace", str(trace), *common]) == 0
+    from_trace = json.loads(capsys.readouterr().out)
+    assert (
+        main(["plan", "--rate", "6", "--input-tokens", "12000", "--output-tokens", "300", *common])
+        == 0
+    )
+    from_means = json.loads(capsys.readouterr().out)
+    assert from_trace["cost_per_hour"] > from_means["cost_per_hour"]

@@ -31,6 +31,8 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         peering_name=args.peering,
         prometheus_url=args.prometheus_url,
+        prometheus_bearer_token_file=args.prometheus_bearer_token_file,
+        prometheus_ca_file=args.prometheus_ca_file,
         autoscale=not args.no_autoscale,
     )
     if config.metrics_port:
@@ -197,6 +199,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from pd_operator.sim.offline import (
         TABLE_COLUMNS,
         Cluster,
+        ProgressBar,
         Timing,
         example_document,
         load_trace,
@@ -245,18 +248,23 @@ def _simulate(args: argparse.Namespace) -> int:
         decision_interval_s=args.decision_interval,
         load_seconds=args.load_seconds,
     )
-    results = [
-        simulate(
-            spec,
-            requests,
-            name,
-            model=model,
-            cluster=cluster,
-            timing=timing,
-            progress=lambda line: print(line, file=sys.stderr),
+    # A bar redrawn in place on a terminal; `--progress` forces a line per tenth elsewhere.
+    bar = ProgressBar(sys.stderr) if args.progress or sys.stderr.isatty() else None
+    results = []
+    for name in args.policy or ["pd-operator"]:
+        results.append(
+            simulate(
+                spec, requests, name, model=model, cluster=cluster, timing=timing, progress=bar
+            )
         )
-        for name in args.policy or ["pd-operator"]
-    ]
+        if bar:
+            bar.close()
+    if args.plot:
+        from pd_operator.sim.offline_plot import plot_result
+
+        for result in results:
+            image = Path(args.plot) / f"simulate-{result.policy.replace(':', '-')}.png"
+            print(f"plot: {plot_result(result, spec, image)}", file=sys.stderr)
     if args.output:
         Path(args.output).write_text(json.dumps([r.to_dict() for r in results], indent=1))
     if args.format == "json":
@@ -266,21 +274,30 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+PLAN_LENGTH_SAMPLES = 4000  # lengths drawn for `pdctl plan --length-cv`
+
+
 def _workload_from(args: argparse.Namespace) -> "Workload":
+    import random
+
     from pd_operator.core.planner import Workload
     from pd_operator.sim.offline import load_trace
-    from pd_operator.sim.workload import ReplayOptions
+    from pd_operator.sim.workload import ReplayOptions, TokenLengths
 
     if not args.trace:
-        return Workload(args.rate, args.input_tokens, args.output_tokens, args.cache_hit)
+        if args.length_cv <= 0:
+            return Workload(args.rate, args.input_tokens, args.output_tokens, args.cache_hit)
+        # A fixed sample of Gamma lengths (seed 0) stands for the distribution.
+        lengths = TokenLengths(
+            args.input_tokens, args.output_tokens, args.length_cv, args.length_cv
+        )
+        rng = random.Random(0)
+        pairs = [lengths.sample(rng)[:2] for _ in range(PLAN_LENGTH_SAMPLES)]
+        return Workload.from_lengths(args.rate, pairs, args.cache_hit)
     requests = load_trace(args.trace, ReplayOptions(start_s=args.start, duration_s=args.duration))
     span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
-    return Workload(
-        len(requests) / span,
-        sum(r.input_tokens for r in requests) / len(requests),
-        sum(r.output_tokens for r in requests) / len(requests),
-        args.cache_hit,
-    )
+    pairs = [(r.input_tokens, r.output_tokens) for r in requests]
+    return Workload.from_lengths(len(requests) / span, pairs, args.cache_hit)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -311,7 +328,11 @@ def _plan(args: argparse.Namespace) -> int:
         blended_per_million=args.blended_price if args.blended_price > 0 else None,
     )
     result = plan(
-        _workload_from(args), Target(args.ttft_ms, args.itl_ms), model, candidates, prices=prices
+        _workload_from(args),
+        Target(args.ttft_ms, args.itl_ms, args.share),
+        model,
+        candidates,
+        prices=prices,
     )
     if result is None:
         print("pdctl: no candidate mix meets the SLO", file=sys.stderr)
@@ -360,6 +381,14 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     sim.add_argument("--load-seconds", type=float, help="model-load delay (default: profile)")
     sim.add_argument("-o", "--format", choices=["table", "json"], default="table")
     sim.add_argument("--output", help="write the full JSON result (per request) here")
+    sim.add_argument(
+        "--plot", metavar="DIR", help="write a PNG per policy: load, replicas, TTFT/ITL vs targets"
+    )
+    sim.add_argument(
+        "--progress",
+        action="store_true",
+        help="report progress on stderr also when it is not a terminal (a bar when it is)",
+    )
     sim.set_defaults(handler=_simulate)
 
 
@@ -371,6 +400,18 @@ def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     plan.add_argument("--name", default="planned", help="metadata.name of the YAML")
     plan.add_argument("--ttft-ms", type=float, default=6000.0)
     plan.add_argument("--itl-ms", type=float, default=20.0)
+    plan.add_argument(
+        "--share",
+        type=float,
+        default=0.99,
+        help="share of the requests (by length) that must meet the targets",
+    )
+    plan.add_argument(
+        "--length-cv",
+        type=float,
+        default=0.0,
+        help="without --trace: Gamma-distributed lengths with this CV (0: every request the mean)",
+    )
     plan.add_argument(
         "--candidate",
         action="append",
@@ -436,6 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--prometheus-url", help="Prometheus for objects without spec.scaling.prometheus.url"
+    )
+    run.add_argument(
+        "--prometheus-bearer-token-file",
+        help="bearer token for --prometheus-url, re-read every minute (e.g. a mounted Secret)",
+    )
+    run.add_argument(
+        "--prometheus-ca-file", help="PEM CA bundle that signs --prometheus-url's certificate"
     )
     run.add_argument("--no-autoscale", action="store_true", help="reconcile only, never scale")
     run.add_argument("-v", "--verbose", action="store_true")

@@ -5,13 +5,22 @@ card, one replica's capacity within the SLO is computed; the planner then tries 
 one or two candidate pools per role (two pools of different vendors make a mixed pool) and keeps
 the cheapest feasible one per role. How each estimate is made:
 
-* Prefill: one prompt of the mean length, with the prefix-cache hit rate taken off its compute,
-  in batches of up to 8,192 new tokens (vLLM's default). Requests queue at a replica like an
-  M/D/1 queue, so the predicted TTFT at utilisation rho is `s * (1 + rho / (2 (1 - rho)))` plus
-  the KV transfer to decode; replicas are added until it meets the TTFT target.
+* Lengths: a workload is a mix of (input, output) length classes (a trace's requests, or
+  one class of the mean lengths). The attention term makes a prompt's prefill cost grow with
+  its square, so sizing for the mean prompt misses what a long tail costs.
+* Prefill: each class's service time `s` is its own prefill work (the prefix-cache hit rate
+  taken off its compute) plus its share of a batch of up to 8,192 new tokens (vLLM's
+  default). Requests queue at a replica like an M/G/1 queue: the mean wait at utilisation
+  rho is `W = rho * E[s**2] / (2 E[s] (1 - rho))` (Pollaczek-Khinchine); a request waits not
+  at all with probability 1 - rho, else an exponential time of mean `W / rho`. A request's
+  TTFT is its wait plus its own `s` plus its KV transfer; the predicted TTFT is the one that
+  the target's share of the requests meets (by default 99%, of those that an idle replica
+  of the fastest candidate serves in time; the rest are reported as infeasible). Replicas
+  are added until it meets the TTFT target.
 * Decode: each request holds a slot for `output * ITL` seconds (Little's law); the batch per
-  replica is the fixed point of `B = rate * output * ITL(B) / replicas`, feasible when
-  ITL(B) meets the ITL target and B sequences of `input + output` tokens fit in the KV cache.
+  replica is the fixed point of `B = rate * E[output] * ITL(B) / replicas`, feasible when
+  ITL(B) meets the ITL target and B sequences fit in the KV cache, the context of a slot
+  averaged over the requests by how long each holds one (its output length).
 * Cost per million tokens counts input and output tokens; revenue uses the token prices
   (CONTEXT.md: 8 CNY per million uncached input, 2 per million cached, 2.6 blended); payback is
   the purchase price of the cards over the hourly margin (revenue minus card-hour cost).
@@ -20,7 +29,7 @@ the cheapest feasible one per role. How each estimate is made:
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pd_operator.core.hardware import HardwareProfile, ModelProfile
@@ -42,18 +51,50 @@ ROLES = ("prefill", "decode")
 
 @dataclass(frozen=True)
 class Workload:
-    """Mean request rate and lengths; `cache_hit_rate` is the share of prompt tokens cached."""
+    """Mean request rate and lengths; `cache_hit_rate` is the share of prompt tokens cached.
+
+    `lengths` is the length distribution as (input, output, weight) classes; empty: every
+    request has the mean lengths. Build one from observed requests with `from_lengths`.
+    """
 
     rate_rps: float
     input_tokens: float
     output_tokens: float
     cache_hit_rate: float = 0.0
+    lengths: tuple[tuple[float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.rate_rps <= 0 or self.input_tokens < 1 or self.output_tokens < 1:
             raise ValueError("rate must be positive and lengths at least one token")
         if not 0 <= self.cache_hit_rate < 1:
             raise ValueError("cache hit rate must lie in [0, 1)")
+        if any(i < 1 or o < 1 or w <= 0 for i, o, w in self.lengths):
+            raise ValueError("length classes need lengths >= 1 token and a positive weight")
+
+    @classmethod
+    def from_lengths(
+        cls, rate_rps: float, pairs: Sequence[tuple[int, int]], cache_hit_rate: float = 0.0
+    ) -> "Workload":
+        """A workload whose lengths are those of `pairs` (input, output), e.g. a trace's."""
+        if not pairs:
+            raise ValueError("need at least one (input, output) pair")
+        counts: dict[tuple[int, int], int] = {}
+        for pair in pairs:
+            counts[pair] = counts.get(pair, 0) + 1
+        return cls(
+            rate_rps,
+            sum(i for i, _ in pairs) / len(pairs),
+            sum(o for _, o in pairs) / len(pairs),
+            cache_hit_rate,
+            tuple((i, o, n / len(pairs)) for (i, o), n in sorted(counts.items())),
+        )
+
+    def classes(self) -> list[tuple[float, float, float]]:
+        """(input, output, weight) classes, weights summing to 1."""
+        if not self.lengths:
+            return [(self.input_tokens, self.output_tokens, 1.0)]
+        total = sum(w for _, _, w in self.lengths)
+        return [(i, o, w / total) for i, o, w in self.lengths]
 
     @property
     def tokens_per_second(self) -> float:
@@ -62,8 +103,15 @@ class Workload:
 
 @dataclass(frozen=True)
 class Target:
+    """Latency targets, met by `share` of the requests an idle replica serves in time."""
+
     ttft_ms: float
     itl_ms: float
+    share: float = 0.99
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise ValueError("the share of requests to serve in time must lie in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -131,6 +179,9 @@ class Plan:
     ttft_ms: float
     itl_ms: float
     revenue_per_hour: float
+    # Share of requests (by the length mix) that miss the TTFT target even on an idle replica
+    # of the fastest candidate: no plan serves them in time, so they are not planned for.
+    infeasible_share: float = 0.0
 
     @property
     def cost_per_hour(self) -> float:
@@ -172,39 +223,129 @@ class Plan:
             "cost_per_million_tokens": self.cost_per_million_tokens,
             "revenue_per_hour": self.revenue_per_hour,
             "payback_hours": self.payback_hours,
+            "infeasible_share": self.infeasible_share,
         }
 
 
-def prefill_service_s(candidate: Candidate, model: ModelProfile, workload: Workload) -> float:
-    """Seconds one replica spends per prompt in steady batches (batch time / prompts)."""
-    prompt = max(1, round(workload.input_tokens))
-    cached = min(prompt - 1, math.floor(prompt * workload.cache_hit_rate))
+def _service_s(
+    coefficients: PrefillCoefficients, prompt_tokens: float, cache_hit_rate: float
+) -> float:
+    """One prompt's own prefill work plus its share of a batch's fixed cost."""
+    prompt = max(1, round(prompt_tokens))
+    cached = min(prompt - 1, math.floor(prompt * cache_hit_rate))
     batch = max(1, PREFILL_BATCH_TOKENS // max(1, prompt - cached))
-    coefficients = PrefillCoefficients.from_profiles(
-        candidate.hardware, model, candidate.cards_per_replica
-    )
     return coefficients.batch_ms([prompt] * batch, [cached] * batch) / 1000 / batch
 
 
-def predicted_ttft_s(
-    service_s: Sequence[float], replicas: Sequence[int], rate_rps: float, transfer_s: float
+@dataclass(frozen=True)
+class PrefillStats:
+    """One candidate replica's prefill service over the length mix."""
+
+    mean_s: float  # E[s]
+    second_moment_s2: float  # E[s**2]
+    # (service + KV transfer, share of the requests) of the requests served in time when
+    # idle, in at most LATENCY_GROUPS groups each at its slowest member (so never optimistic)
+    latencies: tuple[tuple[float, float], ...]
+
+    @classmethod
+    def of(
+        cls,
+        candidate: Candidate,
+        model: ModelProfile,
+        workload: Workload,
+        transfer_s: Sequence[float],
+        served: Sequence[bool],
+    ) -> "PrefillStats":
+        """`transfer_s` and `served` (counted in the latencies) per length class."""
+        coefficients = PrefillCoefficients.from_profiles(
+            candidate.hardware, model, candidate.cards_per_replica
+        )
+        classes = workload.classes()
+        service = [_service_s(coefficients, i, workload.cache_hit_rate) for i, _, _ in classes]
+        weights = [w for _, _, w in classes]
+        mean = sum(w * x for w, x in zip(weights, service, strict=True))
+        second = sum(w * x * x for w, x in zip(weights, service, strict=True))
+        latency = sorted(
+            (x + t, w)
+            for x, t, w, ok in zip(service, transfer_s, weights, served, strict=True)
+            if ok
+        )
+        return cls(mean, second, _grouped(latency))
+
+
+LATENCY_GROUPS = 128
+
+
+def _grouped(values: Sequence[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
+    """Sorted (value, weight) pairs in at most LATENCY_GROUPS groups of about equal weight,
+    each at its largest value; weights normalised to 1."""
+    total = sum(w for _, w in values)
+    out: list[tuple[float, float]] = []
+    weight = 0.0
+    for value, w in values:
+        weight += w
+        if weight * LATENCY_GROUPS >= total:
+            out.append((value, weight / total))
+            weight = 0.0
+    if weight > 0:
+        out.append((values[-1][0], weight / total))
+    return tuple(out)
+
+
+def _attained(
+    latencies: Sequence[tuple[float, float]], wait_s: float, rho: float, t: float
 ) -> float:
-    """M/D/1 TTFT with the load shared in proportion to each pool's throughput; inf if full."""
-    throughput = sum(n / s for n, s in zip(replicas, service_s, strict=True))
+    """Share of requests whose wait plus own latency is at most `t`, the wait at a replica
+    being 0 with probability 1 - rho and else exponential with mean `wait_s / rho` (the M/G/1
+    mean wait `wait_s`)."""
+    if wait_s <= 0 or rho <= 0:
+        return sum(w for value, w in latencies if value <= t)
+    return sum(
+        w * (1 - rho * math.exp(-(t - value) * rho / wait_s))
+        for value, w in latencies
+        if value <= t
+    )
+
+
+def predicted_ttft_s(
+    stats: Sequence[PrefillStats], replicas: Sequence[int], rate_rps: float, share: float
+) -> float:
+    """TTFT (s) that `share` of the requests meet on the slowest pool (the load shared in
+    proportion to each pool's throughput, each replica an M/G/1 queue); inf if full."""
+    throughput = sum(n / p.mean_s for n, p in zip(replicas, stats, strict=True))
     if throughput <= 0:
         return math.inf
     rho = rate_rps / throughput
     if rho >= MAX_UTILISATION:
         return math.inf
-    worst = max(s for n, s in zip(replicas, service_s, strict=True) if n > 0)
-    return worst * (1 + rho / (2 * (1 - rho))) + transfer_s
+    worst = max((p for n, p in zip(replicas, stats, strict=True) if n > 0), key=lambda p: p.mean_s)
+    if not worst.latencies:
+        return math.inf
+    wait = rho * worst.second_moment_s2 / (2 * worst.mean_s * (1 - rho))
+    low, high = 0.0, worst.latencies[-1][0] + wait + 1e-9
+    while _attained(worst.latencies, wait, rho, high) < share - 1e-12:
+        low, high = high, 2 * high
+    for _ in range(40):
+        middle = (low + high) / 2
+        if _attained(worst.latencies, wait, rho, middle) >= share - 1e-12:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def decode_itl_at(
     candidates: Sequence[Candidate], replicas: Sequence[int], model: ModelProfile, work: Workload
 ) -> float:
-    """ITL (ms) at the fixed point of Little's law; inf when the slots or the KV do not suffice."""
-    context = round(work.input_tokens + work.output_tokens / 2)
+    """ITL (ms) at the fixed point of Little's law; inf when the slots or the KV do not suffice.
+
+    A request holds a slot for as long as its output runs, so a slot's context (and the KV it
+    needs) is averaged over the length mix weighted by output length."""
+    classes = work.classes()
+    held = sum(w * o for _, o, w in classes)
+    context = round(sum(w * o * (i + o / 2) for i, o, w in classes) / held)
+    footprint = round(sum(w * o * (i + o) for i, o, w in classes) / held)
+    output = held  # mean output tokens per request
     worst = 0.0
     total = sum(replicas)
     if total == 0:
@@ -212,7 +353,7 @@ def decode_itl_at(
     # The router spreads sequences evenly over replicas; each pool's batch follows its ITL.
     itl = 20.0
     for _ in range(50):
-        batch = work.rate_rps * work.output_tokens * itl / 1000 / total
+        batch = work.rate_rps * output * itl / 1000 / total
         itls = []
         for candidate, n in zip(candidates, replicas, strict=True):
             if n == 0:
@@ -221,7 +362,7 @@ def decode_itl_at(
                 candidate.hardware,
                 model,
                 candidate.cards_per_replica,
-                round(work.input_tokens + work.output_tokens),
+                footprint,
             )
             b = max(1, math.ceil(batch))
             if b > min(fits, MAX_DECODE_BATCH):
@@ -292,12 +433,13 @@ def plan(
     link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
 ) -> Plan | None:
     """The cheapest feasible plan, or None when no candidate mix meets the SLO."""
-    prompt = round(workload.input_tokens)
-    transfer = kv_transfer_seconds(prompt, model, link_bytes_per_second)
+    stats, infeasible = _prefill_stats(workload, target, model, candidates, link_bytes_per_second)
+    if infeasible >= 1 - 1e-12:
+        return None  # no request is served in time even by an idle replica
 
     def prefill_ok(option: Sequence[Candidate], counts: Sequence[int]) -> float | None:
-        service = [prefill_service_s(c, model, workload) for c in option]
-        ttft = predicted_ttft_s(service, counts, workload.rate_rps, transfer) * 1000
+        ttft = predicted_ttft_s([stats[c] for c in option], counts, workload.rate_rps, target.share)
+        ttft *= 1000
         return ttft if ttft <= target.ttft_ms else None
 
     def decode_ok(option: Sequence[Candidate], counts: Sequence[int]) -> float | None:
@@ -323,7 +465,35 @@ def plan(
         ttft_ms=prefill[1],
         itl_ms=decode[1],
         revenue_per_hour=prices.revenue_per_hour(workload),
+        infeasible_share=infeasible,
     )
+
+
+def _prefill_stats(
+    workload: Workload,
+    target: Target,
+    model: ModelProfile,
+    candidates: Sequence[Candidate],
+    link_bytes_per_second: float,
+) -> tuple[dict[Candidate, PrefillStats], float]:
+    """Each candidate's prefill stats, and the share of requests no candidate serves in time
+    even idle (left out of the tail)."""
+    classes = workload.classes()
+    transfer = [kv_transfer_seconds(round(i), model, link_bytes_per_second) for i, _, _ in classes]
+    fastest = [math.inf] * len(classes)
+    for candidate in candidates:
+        coefficients = PrefillCoefficients.from_profiles(
+            candidate.hardware, model, candidate.cards_per_replica
+        )
+        for k, (i, _, _) in enumerate(classes):
+            prompt = max(1, round(i))
+            cached = min(prompt - 1, math.floor(prompt * workload.cache_hit_rate))
+            alone = coefficients.batch_ms([prompt], [cached]) / 1000  # a batch of its own
+            fastest[k] = min(fastest[k], alone + transfer[k])
+    served = [t * 1000 <= target.ttft_ms for t in fastest]
+    infeasible = sum(w for (_, _, w), ok in zip(classes, served, strict=True) if not ok)
+    stats = {c: PrefillStats.of(c, model, workload, transfer, served) for c in candidates}
+    return stats, infeasible
 
 
 def evaluate(
@@ -335,12 +505,17 @@ def evaluate(
     link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
 ) -> tuple[float, float]:
     """Predicted (TTFT ms, ITL ms) of given pools; inf where a role cannot keep up."""
-    prompt = round(workload.input_tokens)
-    transfer = kv_transfer_seconds(prompt, model, link_bytes_per_second)
     prefill = [p for p in pools if p.role == "prefill"]
     decode = [p for p in pools if p.role == "decode"]
-    service = [prefill_service_s(p.candidate, model, workload) for p in prefill]
-    ttft = predicted_ttft_s(service, [p.replicas for p in prefill], workload.rate_rps, transfer)
+    stats, _ = _prefill_stats(
+        workload, target, model, [p.candidate for p in prefill], link_bytes_per_second
+    )
+    ttft = predicted_ttft_s(
+        [stats[p.candidate] for p in prefill],
+        [p.replicas for p in prefill],
+        workload.rate_rps,
+        target.share,
+    )
     itl = decode_itl_at(
         [p.candidate for p in decode], [p.replicas for p in decode], model, workload
     )
@@ -371,9 +546,7 @@ def max_rate(
 
 
 def _at(workload: Workload, rate: float) -> Workload:
-    return Workload(
-        max(rate, 1e-9), workload.input_tokens, workload.output_tokens, workload.cache_hit_rate
-    )
+    return replace(workload, rate_rps=max(rate, 1e-9))
 
 
 def deployment_document(
@@ -468,4 +641,9 @@ def plan_table(result: Plan) -> str:
         f"tokens; revenue {result.revenue_per_hour:,.2f}/h",
         "payback " + (f"{payback:,.0f} h ({payback / 24:,.1f} days)" if payback else "n/a"),
     ]
+    if result.infeasible_share > 0:
+        lines.append(
+            f"{result.infeasible_share:.1%} of requests miss the TTFT target even alone on an "
+            "idle replica: not planned for"
+        )
     return "\n".join(lines)

@@ -384,23 +384,23 @@ def hindsight_demand(spec: PDDeploymentSpec, frontend: Frontend, role: Role) -> 
 
 @dataclass
 class Oracle:
-    """Hindsight lower bound: every `interval_s`, exactly the replicas the *coming* interval's
-    offered load needs at 100% of the profiled per-replica capacity, ready at once (no
-    warm-up, no stabilization, no step limits). Its card-hours are the fewest the performance
-    model allows for the trace at that granularity; its attainment shows what the profile's
-    capacity is worth when nothing else is in the way.
+    """Hindsight bound: a replica schedule found with perfect knowledge of the trace.
+
+    `schedule[k]` holds from `k * interval_s` (the last entry to the end): per interval, the
+    fewest replicas per pool with which the simulated requests meet the SLO, ready at once
+    (no warm-up, no stabilization, no step limits). `sim.offline.oracle_schedule` finds it by
+    searching against the simulator; the docs say how.
     """
 
-    arrivals: Arrivals
+    schedule: Sequence[Mapping[PoolKey, int]]
     name: str = "oracle"
     interval_s: float = 60.0
     warm_up: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.schedule:
+            raise ValueError("the oracle needs a schedule of at least one interval")
+
     def decide(self, view: View) -> Mapping[PoolKey, int]:
-        frontend = self.arrivals.between(view.now, view.now + self.interval_s)
-        prompt = frontend.mean_input_tokens or 1
-        out: dict[PoolKey, int] = {}
-        for role in ROLES:
-            demand = hindsight_demand(view.spec, frontend, role)
-            out.update(fill(view.spec, role, demand, prompt, view.room, utilisation=1.0))
-        return out
+        index = math.floor(view.now / self.interval_s + 1e-9)
+        return self.schedule[max(0, min(len(self.schedule) - 1, index))]

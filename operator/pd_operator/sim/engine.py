@@ -276,6 +276,7 @@ class _Req:
         "cached_hint",
         "cached_tokens",
         "decode",
+        "decode_start_s",
         "finish_s",
         "first_token_s",
         "hash_ids",
@@ -300,6 +301,7 @@ class _Req:
         self.prefill_start_s = math.nan
         self.prefill_end_s = math.nan
         self.first_token_s = math.nan
+        self.decode_start_s = math.nan
         self.finish_s = math.nan
 
 
@@ -318,6 +320,10 @@ class RequestRecord:
     prefill_end_s: float
     first_token_s: float
     finish_s: float
+    # When it joined the running decode batch (the step boundary after its KV arrived); NaN
+    # for a one-token answer. vLLM's P/D decode emits the first token from that step, so the
+    # wait for the step in progress is part of its TTFT there, not of an inter-token gap.
+    decode_start_s: float = math.nan
 
     @property
     def ttft_s(self) -> float:
@@ -880,6 +886,7 @@ class PDEngine:
             instance.context_offset += req.input_tokens + 1 - instance.steps
             instance.inflight_kv -= req.input_tokens + 1
             heapq.heappush(instance.finishes, (instance.steps + req.output_tokens - 1, req.id, req))
+            req.decode_start_s = now
             wait_s = now - req.first_token_s
             if wait_s > 0:
                 instance.first_waits.append(wait_s)
@@ -926,6 +933,7 @@ class PDEngine:
                 prefill_end_s=req.prefill_end_s,
                 first_token_s=req.first_token_s,
                 finish_s=req.finish_s,
+                decode_start_s=req.decode_start_s,
             )
         )
 

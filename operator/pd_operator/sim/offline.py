@@ -8,13 +8,16 @@ fit stay pending (unschedulable), as on a real cluster. Card-hours count every r
 placement until it has drained. `simulate` is pure apart from the optional progress callback.
 """
 
+import copy
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.capacity import PODS, FreeCapacity, NodeRoom
@@ -22,6 +25,7 @@ from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation, PoolObservation
 from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
 from pd_operator.core.observe import NodeSummary
+from pd_operator.core.perfmodel import kv_transfer_seconds
 from pd_operator.sim import baselines
 from pd_operator.sim.baselines import (
     ROLES,
@@ -32,10 +36,17 @@ from pd_operator.sim.baselines import (
     fill,
     hindsight_demand,
 )
-from pd_operator.sim.engine import PDEngine, ReplicaSpec, State
+from pd_operator.sim.engine import (
+    DEFAULT_LINK_BYTES_PER_SECOND,
+    PDEngine,
+    ReplicaSpec,
+    RequestRecord,
+    State,
+)
 from pd_operator.sim.engine import Role as EngineRole
 from pd_operator.sim.offline_metrics import Scrape, role_signals, scrape, window_stats
 from pd_operator.sim.workload import (
+    MOONCAKE_BLOCK_TOKENS,
     ReplayOptions,
     Request,
     read_azure,
@@ -109,6 +120,9 @@ class RequestOutcome:
     tpot_s: float  # mean inter-token latency; NaN for one-token answers or unfinished
     ttft_ok: bool
     itl_ok: bool
+    # False when the request misses a target even alone on an idle deployment (see
+    # `idle_latencies`): no capacity and no policy can serve it in time.
+    feasible: bool = True
 
 
 @dataclass(frozen=True)
@@ -132,13 +146,22 @@ class SimResult:
     def unfinished(self) -> int:
         return sum(1 for o in self.outcomes if math.isnan(o.ttft_s))
 
+    @property
+    def infeasible(self) -> int:
+        """Requests that miss a target even alone on an idle deployment."""
+        return sum(1 for o in self.outcomes if not o.feasible)
+
     def attainment(self) -> dict[str, float]:
-        """Share of requests meeting the TTFT target, the ITL target, and both."""
+        """Share of all requests meeting the TTFT target, the ITL target, and both; and
+        `feasible`: the share meeting both among the requests that an idle deployment serves
+        in time (what a policy can be held to)."""
         n = max(1, len(self.outcomes))
+        feasible = [o for o in self.outcomes if o.feasible]
         return {
             "ttft": sum(o.ttft_ok for o in self.outcomes) / n,
             "itl": sum(o.itl_ok for o in self.outcomes) / n,
             "both": sum(o.ttft_ok and o.itl_ok for o in self.outcomes) / n,
+            "feasible": sum(o.ttft_ok and o.itl_ok for o in feasible) / max(1, len(feasible)),
         }
 
     @property
@@ -157,6 +180,7 @@ class SimResult:
             "policy": self.policy,
             "requests": self.requests,
             "unfinished": self.unfinished,
+            "infeasible": self.infeasible,
             "attainment": self.attainment(),
             "card_hours": self.card_hours,
             "cost": self.cost,
@@ -174,8 +198,11 @@ class SimResult:
         out["requests_detail"] = [
             {
                 "arrival_s": o.arrival_s,
+                "input_tokens": o.input_tokens,
+                "output_tokens": o.output_tokens,
                 "ttft_s": _json_float(o.ttft_s),
                 "tpot_s": _json_float(o.tpot_s),
+                "feasible": o.feasible,
             }
             for o in self.outcomes
         ]
@@ -387,8 +414,13 @@ def make_policy(
     arrivals: Arrivals,
     room: Mapping[PoolKey, int],
     timing: Timing,
+    *,
+    oracle: Callable[[], Sequence[Mapping[PoolKey, int]]] | None = None,
 ) -> Policy:
-    """A policy by name (see POLICY_NAMES); `dynamo-sla:arima` picks the ARIMA predictor."""
+    """A policy by name (see POLICY_NAMES); `dynamo-sla:arima` picks the ARIMA predictor.
+
+    `oracle` computes the oracle's schedule (it needs the whole run; `simulate` passes it).
+    """
     base, _, option = name.partition(":")
     if base == "pd-operator":
         interval = timing.decision_interval_s or float(spec.scaling.interval_seconds)
@@ -402,7 +434,9 @@ def make_policy(
     if base == "llm-d-slo":
         return baselines.LlmdSLO()
     if base == "oracle":
-        return baselines.Oracle(arrivals)
+        if oracle is None:
+            raise ValueError("the oracle's schedule comes from the simulator: use simulate()")
+        return baselines.Oracle(oracle(), interval_s=ORACLE_INTERVAL_S)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
@@ -432,6 +466,8 @@ def _initial(
 ) -> dict[PoolKey, int]:
     if isinstance(policy, baselines.StaticPeak):
         return dict(policy.replicas)
+    if isinstance(policy, baselines.Oracle):
+        return dict(policy.schedule[0])
     frontend = arrivals.between(0.0, INITIAL_SIZING_S)
     out: dict[PoolKey, int] = {}
     for role in ROLES:
@@ -441,7 +477,90 @@ def _initial(
     return out
 
 
-def _outcome(spec: PDDeploymentSpec, request: Request, record: Any | None) -> RequestOutcome:
+def idle_latencies(
+    spec: PDDeploymentSpec,
+    requests: Sequence[Request],
+    model: ModelProfile,
+    *,
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+) -> list[tuple[float, float]]:
+    """Each request's TTFT and mean inter-token time (s) alone on an idle deployment.
+
+    The prompt is a prefill batch of its own on the fastest prefill pool's replica, with every
+    prefix block that an earlier request of the trace carried already cached (an unbounded
+    cache shared by all replicas), then its KV moves to decode; the answer runs alone in a
+    decode batch on the fastest decode pool's replica. The engine can only be slower, so a
+    request slower than a target here misses it on any capacity, under any policy.
+    """
+    replicas = {
+        role: [
+            ReplicaSpec.from_profiles(
+                HARDWARE_PROFILES[_profile(p)], model, p.accelerator.per_replica
+            )
+            for p in spec.pools(role)
+        ]
+        for role in ROLES
+    }
+    seen: set[int] = set()
+    out = []
+    for request in requests:
+        n, cached = request.input_tokens, request.cached_tokens
+        if request.hash_ids:
+            hits = 0
+            for block in request.hash_ids:
+                if block not in seen:
+                    break
+                hits += 1
+            seen.update(request.hash_ids)
+            cached = hits * block_tokens
+        cached = min(cached, n - 1)  # the last prompt token is always computed
+        prefill_ms = min(r.prefill.batch_ms([n], [cached]) for r in replicas["prefill"])
+        ttft, tpot = prefill_ms / 1000, math.nan
+        if request.output_tokens > 1:  # a one-token answer is done at prefill, no KV moves
+            ttft += kv_transfer_seconds(n, model, link_bytes_per_second)
+            # Context at the first step is prompt + first token, one more each step.
+            context = n + 1 + (request.output_tokens - 2) / 2
+            tpot = (
+                min(
+                    r.decode.a_ms
+                    + r.decode.c_ms_per_sequence
+                    + r.decode.b_ms_per_context_token * context
+                    for r in replicas["decode"]
+                )
+                / 1000
+            )
+        out.append((ttft, tpot))
+    return out
+
+
+def _feasible(spec: PDDeploymentSpec, idle: Sequence[tuple[float, float]]) -> list[bool]:
+    ttft_target = spec.slo.ttft.target_milliseconds / 1000
+    itl_target = spec.slo.itl.target_milliseconds / 1000
+    return [
+        ttft <= ttft_target + 1e-12 and (math.isnan(tpot) or tpot <= itl_target + 1e-12)
+        for ttft, tpot in idle
+    ]
+
+
+def _latencies(record: RequestRecord) -> tuple[float, float]:
+    """TTFT and mean inter-token time as vLLM's disaggregated decode reports them.
+
+    The engine delivers the first token with the KV and lets the request wait for the decode
+    step in progress before its first step, so that wait (up to one step, ~15 ms on an H200
+    replica) would land in the first inter-token gap; a 2-token answer then shows one gap of
+    up to two steps. vLLM's P/D decode instead samples the first token in the request's first
+    step on the decode instance: the wait is part of TTFT and every gap is a whole step.
+    """
+    joined = record.decode_start_s
+    if record.output_tokens < 2 or math.isnan(joined):
+        return record.ttft_s, record.itl_mean_s
+    return joined - record.arrival_s, (record.finish_s - joined) / (record.output_tokens - 1)
+
+
+def _outcome(
+    spec: PDDeploymentSpec, request: Request, record: RequestRecord | None, feasible: bool
+) -> RequestOutcome:
     ttft_target = spec.slo.ttft.target_milliseconds / 1000
     itl_target = spec.slo.itl.target_milliseconds / 1000
     if record is None:
@@ -453,8 +572,9 @@ def _outcome(spec: PDDeploymentSpec, request: Request, record: Any | None) -> Re
             math.nan,
             False,
             False,
+            feasible,
         )
-    ttft, tpot = record.ttft_s, record.itl_mean_s
+    ttft, tpot = _latencies(record)
     return RequestOutcome(
         request.arrival_s,
         request.input_tokens,
@@ -463,7 +583,243 @@ def _outcome(spec: PDDeploymentSpec, request: Request, record: Any | None) -> Re
         tpot,
         ttft <= ttft_target,
         math.isnan(tpot) or tpot <= itl_target,
+        feasible,
     )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a run is: simulated time against the last arrival, requests finished."""
+
+    policy: str
+    simulated_s: float
+    span_s: float
+    finished: int
+    requests: int
+    phase: str = "replay"  # "look-ahead": the oracle searching its schedule
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.simulated_s / self.span_s) if self.span_s > 0 else 1.0
+
+    def __str__(self) -> str:
+        what = self.policy if self.phase == "replay" else f"{self.policy} {self.phase}"
+        return (
+            f"{what}: t={self.simulated_s:,.0f}s of {self.span_s:,.0f}s, "
+            f"{self.finished:,}/{self.requests:,} done"
+        )
+
+
+class ProgressBar:
+    """Shows `Progress` on a stream: a bar redrawn in place on a terminal, else one line per
+    tenth of each run (or look-ahead). Pass it as `simulate(progress=...)`."""
+
+    WIDTH = 30
+    REDRAW_S = 0.2
+
+    def __init__(self, stream: TextIO, *, terminal: bool | None = None) -> None:
+        self.stream = stream
+        self.terminal = stream.isatty() if terminal is None else terminal
+        self.drawn = False
+        self.last_draw = -math.inf
+        self.last_tenth: tuple[str, str, int] | None = None
+
+    def __call__(self, progress: Progress) -> None:
+        if not self.terminal:
+            tenth = (progress.policy, progress.phase, math.floor(progress.fraction * 10))
+            if tenth != self.last_tenth:
+                self.last_tenth = tenth
+                print(progress, file=self.stream, flush=True)
+            return
+        now = time.monotonic()
+        if now - self.last_draw < self.REDRAW_S and progress.fraction < 1:
+            return
+        self.last_draw = now
+        filled = round(progress.fraction * self.WIDTH)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        self.stream.write(f"\r[{bar}] {progress.fraction:4.0%} {progress}\x1b[K")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        """End the bar's line (call after each run)."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.drawn = False
+        self.last_draw = -math.inf
+
+
+# The oracle re-plans every minute: as often as the baselines' fastest loops act on
+# replicas that need minutes to load, and each interval costs a search.
+ORACLE_INTERVAL_S = 60.0
+# Share of an interval's judged requests the oracle must serve in time (or as many as the
+# largest deployment the nodes hold serves): the 99% target, held in every interval.
+ORACLE_ATTAINMENT = 0.99
+
+
+class _Feed:
+    """The trace as the engine pulls it, with the cut-off an oracle look-ahead sets."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.requests = requests
+        self.next = 0
+        self.stop_s = math.inf
+
+    def __iter__(self) -> Iterator[Request]:
+        return self
+
+    def __next__(self) -> Request:
+        if self.next >= len(self.requests) or self.requests[self.next].arrival_s >= self.stop_s:
+            raise StopIteration
+        self.next += 1
+        return self.requests[self.next - 1]
+
+
+def _unchanging(engine: PDEngine, fleet: _Fleet, feed: _Feed) -> dict[int, Any]:
+    """What a fork can share with the original: the requests and their prefix-block ids, the
+    profiles (as a `copy.deepcopy` memo)."""
+    shared: list[Any] = [
+        feed.requests,
+        fleet.spec,
+        fleet.nodes,
+        fleet.pools,
+        fleet.replica_spec,
+        engine.buckets,
+        *fleet.replica_spec.values(),
+        *(r.hash_ids for r in feed.requests),
+    ]
+    return {id(value): value for value in shared}
+
+
+def _fork(
+    engine: PDEngine, fleet: _Fleet, feed: _Feed, unchanging: Mapping[int, Any]
+) -> tuple[PDEngine, _Fleet, _Feed]:
+    """A copy of the running simulation; prefix caches (block ids only) are copied flat."""
+    memo = dict(unchanging)
+    for instance in engine.instances():
+        cache = getattr(instance, "cache", None)
+        if isinstance(cache, OrderedDict):
+            memo[id(cache)] = OrderedDict(cache)
+    return copy.deepcopy((engine, fleet, feed), memo)
+
+
+def oracle_schedule(
+    spec: PDDeploymentSpec,
+    requests: Sequence[Request],
+    *,
+    model: ModelProfile,
+    cluster: Cluster,
+    feasible: Sequence[bool],
+    interval_s: float = ORACLE_INTERVAL_S,
+    progress: Callable[[Progress], None] | None = None,
+) -> list[dict[PoolKey, int]]:
+    """Per interval, the fewest replicas per pool with which the requests meet the SLO.
+
+    Perfect knowledge, found with the simulator itself: the trace runs forward one interval
+    at a time on the replicas chosen so far, new replicas serving at once (no warm-up, no
+    stabilization, no step limits). At each interval's start the whole simulation is forked;
+    a fork gets a candidate deployment and the arrivals up to the interval's end, and runs
+    until they have all finished. Judged are the feasible requests (`idle_latencies`) still
+    open at the start or arriving in the interval; a candidate passes when no more of them
+    miss TTFT or ITL than `ORACLE_ATTAINMENT` allows, or than miss on the largest deployment
+    the nodes hold. Each pool's count is scanned up from its minimum to the first that
+    passes, a role's pools in preference order (later pools at their minimum); the roles are
+    searched in both orders (the first with the other role at its largest, the second with
+    the first's answer) and the cheaper answer at the cluster's card-hour prices is kept.
+    """
+    fleet = _Fleet(spec, model, cluster, None)
+    feed = _Feed(requests)
+    engine = PDEngine(feed, model=model)
+    times = [r.arrival_s for r in requests]
+    span = times[-1] if times else 0.0
+    lowest = {key: pool.replicas.min for key, pool in fleet.pools.items()}
+    orders = (ROLES, ROLES[::-1])
+    unchanging = _unchanging(engine, fleet, feed)
+    finished: set[int] = set()
+    oldest_open = 0
+    schedule: list[dict[PoolKey, int]] = []
+    for k in range(math.floor(span / interval_s) + 1):
+        end = (k + 1) * interval_s
+        fleet.release_drained(engine)
+        while oldest_open in finished:
+            oldest_open += 1
+        arrived = bisect_left(times, end)
+        judged = [i for i in range(oldest_open, arrived) if feasible[i] and i not in finished]
+        room = {key: max(lowest[key], n) for key, n in fleet.room().items()}
+        tried: dict[tuple[tuple[PoolKey, int], ...], int] = {}
+
+        def misses(
+            config: Mapping[PoolKey, int],
+            end: float = end,
+            judged: Sequence[int] = judged,
+            tried: dict[tuple[tuple[PoolKey, int], ...], int] = tried,
+        ) -> int:
+            key = tuple(sorted(config.items()))
+            if key not in tried:
+                fork, fork_fleet, fork_feed = _fork(engine, fleet, feed, unchanging)
+                fork_feed.stop_s = end
+                fork_fleet.apply(fork, config, warm_up=False)
+                done = {r.id: r for r in fork.run().records}
+                tried[key] = sum(1 for i in judged if not _meets(spec, requests[i], done.get(i)))
+            return tried[key]
+
+        chosen = dict(lowest)
+        if judged:
+            allowed = max(misses(room), math.floor((1 - ORACLE_ATTAINMENT) * len(judged)))
+            found = [_fewest(misses, allowed, room, lowest, order) for order in orders]
+            chosen = min(found, key=lambda config: _cost_per_hour(fleet, cluster, config))
+        schedule.append(chosen)
+        fleet.apply(engine, chosen, warm_up=False)
+        engine.advance_to(end)
+        finished.update(r.id for r in engine.take_finished())
+        if progress:
+            progress(Progress("oracle", end, span, len(finished), len(requests), "look-ahead"))
+    return schedule
+
+
+def _fewest(
+    misses: Callable[[Mapping[PoolKey, int]], int],
+    allowed: int,
+    room: Mapping[PoolKey, int],
+    lowest: Mapping[PoolKey, int],
+    roles: Sequence[Role],
+) -> dict[PoolKey, int]:
+    """The fewest replicas per pool, roles searched in the given order (`oracle_schedule`).
+
+    Each pool's count is scanned upward from its minimum and the first that passes is kept:
+    misses are not monotone in replicas (removing a replica re-routes its queue, which can
+    free requests stuck behind a long prompt), so a bisection could skip the smallest.
+    """
+    chosen = dict(room)
+    for role in roles:
+        pools = [key for key in room if key[0] == role]
+        chosen.update({key: lowest[key] for key in pools})
+        for key in pools:
+            passing = next(
+                (
+                    n
+                    for n in range(lowest[key], room[key] + 1)
+                    if misses({**chosen, key: n}) <= allowed
+                ),
+                None,
+            )
+            chosen[key] = room[key] if passing is None else passing
+            if passing is not None:
+                break  # later pools stay at their minimum; else the next pool helps
+    return chosen
+
+
+def _cost_per_hour(fleet: _Fleet, cluster: Cluster, config: Mapping[PoolKey, int]) -> float:
+    return sum(
+        n * fleet.pools[key].accelerator.per_replica * cluster.price(_profile(fleet.pools[key]))
+        for key, n in config.items()
+    )
+
+
+def _meets(spec: PDDeploymentSpec, request: Request, record: RequestRecord | None) -> bool:
+    outcome = _outcome(spec, request, record, True)
+    return outcome.ttft_ok and outcome.itl_ok
 
 
 def simulate(
@@ -474,17 +830,32 @@ def simulate(
     model: ModelProfile,
     cluster: Cluster | None = None,
     timing: Timing = Timing(),
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[Progress], None] | None = None,
 ) -> SimResult:
     """Replay `requests` (sorted by arrival) under `policy`; see the module docstring."""
     started = time.perf_counter()
     cluster = cluster or Cluster.fitting(spec)
     fleet = _Fleet(spec, model, cluster, timing.load_seconds)
     arrivals = Arrivals(requests, _prefill_work(fleet.replica_spec[("prefill", _first(spec))]))
+    feasible = _feasible(spec, idle_latencies(spec, requests, model))
     chosen = (
         policy
         if not isinstance(policy, str)
-        else make_policy(policy, spec, arrivals, fleet.room(), timing)
+        else make_policy(
+            policy,
+            spec,
+            arrivals,
+            fleet.room(),
+            timing,
+            oracle=lambda: oracle_schedule(
+                spec,
+                requests,
+                model=model,
+                cluster=cluster,
+                feasible=feasible,
+                progress=progress,
+            ),
+        )
     )
     window = max(
         timing.rate_window_s or float(spec.slo.window_seconds),
@@ -498,12 +869,13 @@ def simulate(
     timeline = [(0.0, {f"{r}/{p}": n for (r, p), n in fleet.replicas().items()})]
     actions = 0
     now, next_scrape, next_decision = 0.0, 0.0, chosen.interval_s
-    next_report = 0.0
-    records: dict[int, Any] = {}
+    records: dict[int, RequestRecord] = {}
+    held: dict[str, int] = {}
     while True:
         step_to = min(next_scrape, next_decision)
         engine.advance_to(step_to)
-        for kind, cards in fleet.cards_by_type().items():
+        held = fleet.cards_by_type()
+        for kind, cards in held.items():
             card_seconds[kind] = card_seconds.get(kind, 0.0) + cards * (step_to - now)
         now = step_to
         for record in engine.take_finished():
@@ -516,34 +888,31 @@ def simulate(
             next_scrape += timing.scrape_interval_s
         if now >= next_decision:
             next_decision += chosen.interval_s
-            signals = role_signals(spec, scrapes, now, window)
             view = View(
                 now=now,
                 spec=spec,
-                observation=fleet.observation(engine, signals),
+                observation=fleet.observation(engine, role_signals(spec, scrapes, now, window)),
                 stats=window_stats(scrapes, now, window),
                 frontend=arrivals.between(max(0.0, now - window), now),
                 replicas=fleet.replicas(),
                 room=fleet.room(),
             )
-            before = fleet.replicas()
-            fleet.apply(engine, chosen.decide(view), chosen.warm_up)
-            after = fleet.replicas()
-            if after != before:
-                actions += sum(1 for k in after if after[k] != before[k])
-                timeline.append((now, {f"{r}/{p}": n for (r, p), n in after.items()}))
-        if progress and now >= next_report:
-            progress(
-                f"{chosen.name}: t={now:,.0f}s of {last_arrival:,.0f}s, "
-                f"{len(records):,}/{len(requests):,} done"
-            )
-            next_report += max(60.0, last_arrival / 20)
+            actions += _act(chosen, view, fleet, engine, timeline)
+        if progress:
+            progress(Progress(chosen.name, now, last_arrival, len(records), len(requests)))
         past_end = now >= last_arrival
         if past_end and (engine.active_requests == 0 and len(records) >= len(requests)):
             break
         if now >= last_arrival + timing.drain_s:
             break
-    outcomes = [_outcome(spec, r, records.get(i)) for i, r in enumerate(requests)]
+    if len(records) >= len(requests):
+        now = _trim(
+            card_seconds, held, now, max([last_arrival, *(r.finish_s for r in records.values())])
+        )
+    outcomes = [
+        _outcome(spec, r, records.get(i), ok)
+        for i, (r, ok) in enumerate(zip(requests, feasible, strict=True))
+    ]
     hours = {k: v / SECONDS_PER_HOUR for k, v in sorted(card_seconds.items())}
     return SimResult(
         policy=chosen.name,
@@ -555,6 +924,33 @@ def simulate(
         end_s=now,
         wall_s=time.perf_counter() - started,
     )
+
+
+def _act(
+    policy: Policy,
+    view: View,
+    fleet: _Fleet,
+    engine: PDEngine,
+    timeline: list[tuple[float, dict[str, int]]],
+) -> int:
+    """Apply the policy's answer; record a change on the timeline; pools changed."""
+    before = fleet.replicas()
+    fleet.apply(engine, policy.decide(view), policy.warm_up)
+    after = fleet.replicas()
+    if after != before:
+        timeline.append((view.now, {f"{r}/{p}": n for (r, p), n in after.items()}))
+    return sum(1 for k in after if after[k] != before[k])
+
+
+def _trim(
+    card_seconds: dict[str, float], held: Mapping[str, int], now: float, stop: float
+) -> float:
+    """Take back the card-seconds counted past `stop` (the last finish) in the last step: the
+    loop stops at its first step after it, a time set by the policy's interval, not by what
+    it served. Returns the end time."""
+    for kind, cards in held.items():
+        card_seconds[kind] -= cards * max(0.0, now - stop)
+    return min(now, stop)
 
 
 def load_trace(path: str | Path, options: ReplayOptions | None = None) -> list[Request]:
@@ -624,6 +1020,8 @@ def example_document(model_name: str = "zai-org/GLM-4.5-FP8") -> dict[str, Any]:
 
 TABLE_COLUMNS = (
     "policy",
+    "attain_feasible",
+    "infeasible",
     "attain_both",
     "attain_ttft",
     "attain_itl",
@@ -641,6 +1039,8 @@ def table_row(result: SimResult) -> dict[str, str]:
     per_10k = result.wall_s / max(1, result.requests) * 10_000
     return {
         "policy": result.policy,
+        "attain_feasible": f"{attainment['feasible']:.3f}",
+        "infeasible": str(result.infeasible),
         "attain_both": f"{attainment['both']:.3f}",
         "attain_ttft": f"{attainment['ttft']:.3f}",
         "attain_itl": f"{attainment['itl']:.3f}",
