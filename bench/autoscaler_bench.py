@@ -92,6 +92,21 @@ def serve_metrics(prometheus: LocalPrometheus, objects: int) -> multiprocessing.
     return process
 
 
+def timed_cycle(autoscaler: Any, *, profile: bool) -> tuple[float, float, int]:
+    """Wall and CPU seconds of one cycle, and how many objects it decided."""
+    profiler = cProfile.Profile() if profile else None
+    wall, cpu = time.perf_counter(), time.thread_time()
+    if profiler:
+        profiler.enable()
+    decided = autoscaler.cycle()
+    if profiler:
+        profiler.disable()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    if profiler:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    return wall, cpu, decided
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--objects", type=int, default=500)
@@ -128,17 +143,8 @@ def main() -> int:
             for _ in range(args.cycles):
                 fake_now[0] += 10.0  # every object is due
                 before = writes()
-                wall, cpu = time.perf_counter(), time.thread_time()
-                profiler = (
-                    cProfile.Profile() if args.profile and len(rows) == args.cycles - 1 else None
-                )
-                if profiler:
-                    profiler.enable()
-                decided = autoscaler.cycle()
-                if profiler:
-                    profiler.disable()
-                    pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
-                wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+                last = len(rows) == args.cycles - 1
+                wall, cpu, decided = timed_cycle(autoscaler, profile=args.profile and last)
                 assert decided == args.objects, f"only {decided} decided"
                 wait_for(operator.settled, timeout=300, what="the reconciles to finish")
                 time.sleep(1)
