@@ -188,3 +188,45 @@ def test_ready_pods_without_series_say_metrics_misconfigured(
         lambda: events(api_client, namespace, "MetricsMisconfigured"),
         what="a MetricsMisconfigured event",
     )
+
+
+def test_other_workloads_on_the_nodes_count_against_free_capacity(
+    operator, api_client, namespace, prometheus, engine_metrics
+):
+    # A pod of another workload holds every card of one of the two S5000 nodes.
+    core = client.CoreV1Api(api_client)
+    s5000 = sorted(
+        n.metadata.name
+        for n in core.list_node(label_selector="mthreads.com/gpu.product=MTT-S5000").items
+        if n.metadata.name.startswith(f"{namespace}-")
+    )
+    assert len(s5000) == 2
+    core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "other-team-training"},
+        "spec": {
+            "nodeName": s5000[0],
+            "tolerations": [{"key": "mthreads.com/gpu", "operator": "Exists"}],
+            "containers": [{
+                "name": "train", "image": "example.invalid/train:1",
+                "resources": {"limits": {"mthreads.com/gpu": "8"}},
+            }],
+        },
+    })  # fmt: skip
+    prefill, decode = engine_metrics("prefill"), engine_metrics("decode")
+    create_pdd(api_client, namespace, pdd_body(prometheus.url))
+
+    def capacity_short():
+        for _ in range(50):
+            prefill.ttft.labels(model_name="m").observe(9.0)  # target is 6 s
+            decode.itl.labels(model_name="m").observe(0.012)
+        prefill.prompt.labels(model_name="m").inc(200_000)
+        prefill.waiting.labels(model_name="m").set(20)
+        obj = get_pdd(api_client, namespace, "glm-hetero")
+        return condition(obj, "CapacityAvailable").get("status") == "False" and obj
+
+    obj = wait_for(capacity_short, timeout=60, interval=1, what="CapacityAvailable=False")
+    assert obj["status"]["lastDecision"]["limitedBy"] == "capacity"
+    # Only the other node's eight cards were free: one replica, never a Pending second one.
+    assert prefill_replicas(api_client, namespace) == 1
+    pods = core.list_namespaced_pod(namespace, label_selector="pdoperator.io/role=prefill").items
+    assert len(pods) == 1

@@ -1,14 +1,16 @@
 """Free capacity: how many more replicas of a pool fit on the nodes, and no card promised twice."""
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pd_operator.adapters.cache import ClusterCache
 from pd_operator.api.spec import PoolSpec
 from pd_operator.core.capacity import free_capacity, replica_request
-from pd_operator.core.observe import NodeSummary, PodSummary
+from pd_operator.core.observe import NodeSummary, PodSummary, pod_requests
 
 GPU = "nvidia.com/gpu"
 
@@ -156,3 +158,63 @@ def test_take_removes_exactly_what_it_places(cards, used, per_replica, taken):
     expected = sum(max(0, c - u) // per_replica for c, u in zip(cards, used, strict=False))
     assert ledger.fits(pool(per_replica)) == expected
     assert ledger.take(pool(per_replica), taken).fits(pool(per_replica)) == max(0, expected - taken)
+
+
+# What a pod holds, as the scheduler counts it: every container, not the last one read.
+def _pod(containers, init=(), overhead=None, node_name="n1", phase="Running", name="x"):
+    return {
+        "metadata": {"name": name, "namespace": "other"},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": f"c{i}", "resources": r} for i, r in enumerate(containers)],
+            "initContainers": list(init),
+            **({"overhead": overhead} if overhead else {}),
+        },
+        "status": {"phase": phase},
+    }
+
+
+def test_pod_requests_sum_containers_and_take_limits_as_requests():
+    spec = _pod([
+        {"requests": {"cpu": "500m", "memory": "1Gi"}},
+        {"limits": {GPU: "4", "cpu": "1"}},  # limits only: they are the requests
+    ])["spec"]  # fmt: skip
+    assert pod_requests(spec) == {
+        "cpu": Decimal("1.5"), "memory": Decimal(2**30), GPU: Decimal(4)
+    }  # fmt: skip
+
+
+def test_pod_requests_count_init_peak_sidecars_and_overhead():
+
+    spec = _pod(
+        [{"requests": {"cpu": "1"}}],
+        init=[
+            {"name": "setup", "resources": {"requests": {"cpu": "3", GPU: "8"}}},
+            {"name": "proxy", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+        ],
+        overhead={"cpu": "250m"},
+    )["spec"]
+    # containers + sidecar = 2 CPUs < the setup container's 3; the overhead comes on top.
+    assert pod_requests(spec) == {"cpu": Decimal("3.25"), GPU: Decimal(8)}
+
+
+def test_other_workloads_pods_hold_capacity_until_they_finish():
+
+    cache = ClusterCache()
+    cache.put_node({
+        "metadata": {"name": "n1", "labels": {"g": "h200"}},
+        "spec": {},
+        "status": {
+            "allocatable": {GPU: "8", "cpu": "32", "memory": "256Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    })  # fmt: skip
+    training = _pod([{"limits": {GPU: "8"}}], name="training")
+    cache.put_other_pod(training)
+    cache.put_other_pod(_pod([{"limits": {GPU: "8"}}], node_name="", name="pending"))
+    assert free_capacity(cache.nodes(), cache.all_pods()).fits(pool()) == 0
+    cache.put_other_pod({**training, "status": {"phase": "Succeeded"}})
+    assert free_capacity(cache.nodes(), cache.all_pods()).fits(pool()) == 1
+    cache.put_other_pod(training)
+    cache.put_other_pod(training, deleted=True)
+    assert free_capacity(cache.nodes(), cache.all_pods()).fits(pool()) == 1

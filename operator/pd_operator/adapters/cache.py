@@ -49,6 +49,9 @@ class ClusterCache:
         self._children: dict[ObjectKey, dict[ChildKey, Mapping[str, Any]]] = {}
         self._pods: dict[ObjectKey, dict[str, PodSummary]] = {}
         self._nodes: dict[str, NodeSummary] = {}
+        # Bound, running pods that are not ours (other workloads on the same nodes): only what
+        # they hold, for free capacity.
+        self._others: dict[tuple[str, str], PodSummary] = {}
 
     def pdd_keys(self) -> list[ObjectKey]:
         """Every PDDeployment currently known."""
@@ -92,6 +95,20 @@ class ClusterCache:
                 pods[obj["metadata"]["name"]] = summarize_pod(obj)
         return owner
 
+    def put_other_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> None:
+        """Record (or forget) a pod of another workload (the autoscaler reads it each cycle)."""
+        meta = obj["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        phase = (obj.get("status") or {}).get("phase")
+        holds = not deleted and bool((obj.get("spec") or {}).get("nodeName"))
+        holds = holds and phase not in ("Succeeded", "Failed")
+        summary = summarize_pod(obj) if holds else None
+        with self._lock:
+            if summary is None:
+                self._others.pop(key, None)
+            else:
+                self._others[key] = summary
+
     def put_node(self, obj: Mapping[str, Any], deleted: bool = False) -> bool:
         """Record (or forget) a node; True when what placement reads changed (not heartbeats)."""
         name = obj["metadata"]["name"]
@@ -102,9 +119,11 @@ class ClusterCache:
             return before != self._nodes.get(name)
 
     def all_pods(self) -> list[PodSummary]:
-        """Every pool pod of every PDDeployment (what holds accelerators on the nodes)."""
+        """Every pod that holds resources on the nodes: the pool pods of every PDDeployment
+        and the bound pods of other workloads."""
         with self._lock:
-            return [pod for pods in self._pods.values() for pod in pods.values()]
+            ours = [pod for pods in self._pods.values() for pod in pods.values()]
+            return ours + list(self._others.values())
 
     def nodes(self) -> list[NodeSummary]:
         """Every node currently known."""

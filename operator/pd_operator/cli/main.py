@@ -34,6 +34,7 @@ def _run(args: argparse.Namespace) -> int:
         prometheus_bearer_token_file=args.prometheus_bearer_token_file,
         prometheus_ca_file=args.prometheus_ca_file,
         autoscale=not args.no_autoscale,
+        count_other_pods=not args.ignore_other_pods,
     )
     if config.metrics_port:
         start_http_server(config.metrics_port)
@@ -486,6 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--prometheus-ca-file", help="PEM CA bundle that signs --prometheus-url's certificate"
     )
     run.add_argument("--no-autoscale", action="store_true", help="reconcile only, never scale")
+    run.add_argument(
+        "--ignore-other-pods",
+        action="store_true",
+        help="watch pool pods only; free capacity then ignores other workloads on the nodes "
+        "(for clusters whose accelerator nodes run nothing else)",
+    )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(handler=_run)
     _add_sim(commands)

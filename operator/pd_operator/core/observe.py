@@ -2,9 +2,11 @@
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from pd_operator.core.children import LABEL_POOL, LABEL_ROLE
+from pd_operator.core.quantity import parse_quantity
 
 IMAGE_PROBLEMS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -33,6 +35,37 @@ def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return None
 
 
+def _container_requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
+    resources = container.get("resources") or {}
+    # As the apiserver defaults it: a limit without a request is also the request.
+    amounts = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {name: parse_quantity(str(value)) for name, value in amounts.items()}
+
+
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, Decimal]:
+    """What a pod holds on its node, as the scheduler counts it (simplified): the sum over its
+    containers and sidecar init containers, at least the largest other init container, plus
+    the pod overhead."""
+    total: dict[str, Decimal] = {}
+    for container in spec.get("containers") or []:
+        for name, amount in _container_requests(container).items():
+            total[name] = total.get(name, Decimal(0)) + amount
+    init_peak: dict[str, Decimal] = {}
+    for container in spec.get("initContainers") or []:
+        amounts = _container_requests(container)
+        if container.get("restartPolicy") == "Always":  # a sidecar runs alongside
+            for name, amount in amounts.items():
+                total[name] = total.get(name, Decimal(0)) + amount
+        else:
+            for name, amount in amounts.items():
+                init_peak[name] = max(init_peak.get(name, Decimal(0)), amount)
+    for name, amount in init_peak.items():
+        total[name] = max(total.get(name, Decimal(0)), amount)
+    for name, value in (spec.get("overhead") or {}).items():
+        total[name] = total.get(name, Decimal(0)) + parse_quantity(str(value))
+    return total
+
+
 def summarize_pod(pod: Mapping[str, Any]) -> PodSummary:
     """Reduce a pod object to what reconcile and capacity need."""
     meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
@@ -44,9 +77,7 @@ def summarize_pod(pod: Mapping[str, Any]) -> PodSummary:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in IMAGE_PROBLEMS:
             image_problem = f"{waiting['reason']}: {waiting.get('message', '')}".strip(": ")
-    requests: dict[str, str] = {}
-    for container in spec.get("containers") or []:
-        requests.update((container.get("resources") or {}).get("requests") or {})
+    requests = {name: format(amount, "f") for name, amount in pod_requests(spec).items()}
     return PodSummary(
         name=meta["name"],
         role=labels.get(LABEL_ROLE, ""),

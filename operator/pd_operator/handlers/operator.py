@@ -33,7 +33,8 @@ from pd_operator.handlers.workqueue import WorkQueue
 
 logger = logging.getLogger(__name__)
 
-MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 MAX_BACKOFF_SECONDS = 60.0
 
 
@@ -53,6 +54,9 @@ class OperatorConfig:
     # How long a Secret named by spec.scaling.prometheus is used before it is read again.
     secret_ttl_seconds: float = SECRET_TTL_SECONDS
     autoscale: bool = True
+    # Count the pods of other workloads in free capacity: one watch on every pod (in the watched
+    # namespaces) instead of ours only. Off where the accelerator nodes run nothing else.
+    count_other_pods: bool = True
     autoscale_tick_seconds: float = 1.0  # how often due objects are looked for
 
 
@@ -98,12 +102,13 @@ class OperatorState:
         namespace when namespaces are given (a namespaced install has no cluster-wide list)."""
         apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
         selector = MANAGED_SELECTOR
+        pod_selector = "" if self.config.count_other_pods else MANAGED_SELECTOR
         if self.config.namespaces:
             listings = [
                 (
                     apps.list_namespaced_deployment(ns, label_selector=selector).items,
                     core.list_namespaced_service(ns, label_selector=selector).items,
-                    core.list_namespaced_pod(ns, label_selector=selector).items,
+                    core.list_namespaced_pod(ns, label_selector=pod_selector).items,
                 )
                 for ns in self.config.namespaces
             ]
@@ -112,7 +117,7 @@ class OperatorState:
                 (
                     apps.list_deployment_for_all_namespaces(label_selector=selector).items,
                     core.list_service_for_all_namespaces(label_selector=selector).items,
-                    core.list_pod_for_all_namespaces(label_selector=selector).items,
+                    core.list_pod_for_all_namespaces(label_selector=pod_selector).items,
                 )
             ]
         for deployments, services, pods in listings:
@@ -121,9 +126,18 @@ class OperatorState:
             for service in services:
                 self.cache.put_child(self._plain(service, "v1", "Service"))
             for pod in pods:
-                self.cache.put_pod(self._plain(pod, "v1", "Pod"))
+                self.put_any_pod(self._plain(pod, "v1", "Pod"))
         for node in core.list_node().items:
             self.cache.put_node(self._plain(node, "v1", "Node"))
+
+    def put_any_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
+        """A pod of ours into its PDDeployment's view (returns its key); any other pod into
+        free capacity only."""
+        labels = obj["metadata"].get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) == MANAGED_BY:
+            return self.cache.put_pod(obj, deleted)
+        self.cache.put_other_pod(obj, deleted)
+        return None
 
     def _plain(self, model: Any, api_version: str, kind: str) -> dict[str, Any]:
         # Items of a list carry no apiVersion/kind; the watch events do, and the cache keys on them.
@@ -199,7 +213,10 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if state.config.peering_name:
             settings.peering.name = state.config.peering_name
             settings.peering.mandatory = True
-        for resource in (("apps", "deployments"), ("", "services"), ("", "pods")):
+        ours_only = [("apps", "deployments"), ("", "services")]
+        if not state.config.count_other_pods:
+            ours_only.append(("", "pods"))
+        for resource in ours_only:
             settings.watching.label_selectors[resource] = MANAGED_SELECTOR
         await asyncio.to_thread(state.prime)
         state.start()
@@ -237,11 +254,10 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
             "app.kubernetes.io/managed-by": MANAGED_BY
         })(child_event)  # fmt: skip
 
-    @kopf.on.event("", "v1", "pods", labels={"app.kubernetes.io/managed-by": MANAGED_BY},
-                   registry=registry)  # fmt: skip
+    @kopf.on.event("", "v1", "pods", registry=registry)
     async def pod_event(event: Mapping[str, Any], **_: Any) -> None:
         obj, deleted = _event_parts(event)
-        owner = state.cache.put_pod(obj, deleted)
+        owner = state.put_any_pod(obj, deleted)
         if owner:
             state.queue.add(owner)
 
