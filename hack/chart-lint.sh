@@ -30,7 +30,8 @@ echo "chart-lint: helm template (default, watchNamespaces, monitoring, peering)"
 render
 render --set 'watchNamespaces={team-a,team-b}'
 render --set serviceMonitor.enabled=true --set prometheusRule.enabled=true \
-  --set grafanaDashboard.enabled=true --api-versions monitoring.coreos.com/v1
+  --set grafanaDashboard.enabled=true --set engineMonitor.enabled=true \
+  --api-versions monitoring.coreos.com/v1
 render --set peering.enabled=true --api-versions kopf.dev/v1
 if render --set unknownKey=1 2>/dev/null; then
   echo "chart-lint: values.schema.json accepted an unknown key" >&2; exit 1

@@ -113,7 +113,13 @@ def helm(helm_bin, helm_env, cluster) -> Iterator[Helm]:
 def release(helm) -> Release:
     """The default (cluster-wide) install, with monitoring asked for on a cluster without the
     Prometheus Operator."""
-    return helm.install({"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}})
+    return helm.install(
+        {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "engineMonitor": {"enabled": True},
+        }
+    )
 
 
 def token_kubeconfig(cluster: LocalCluster, release: Release, path: Path) -> Path:
@@ -172,6 +178,8 @@ def permission_problems(records: list[logging.LogRecord]) -> list[str]:
 def test_install_skips_monitoring_objects_the_cluster_cannot_serve_and_says_so(helm, release):
     assert "no ServiceMonitor was created" in release.output
     assert "no PrometheusRule was created" in release.output
+    assert "no PodMonitor was created" in release.output
+    assert "deploy/prometheus/engine-scrape.yaml" in release.output
     assert "kubectl apply --server-side --force-conflicts -f crds/" in release.output
     manifest = helm("get", "manifest", release.name, f"--namespace={release.namespace}").stdout
     kinds = {doc["kind"] for doc in yaml.safe_load_all(manifest) if doc}

@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from pd_operator.cli.main import build_parser
+from pd_operator.core.children import ENGINE_APP_NAME, MANAGED_BY, PORT_NAME
+from pd_operator.core.engine_args import METRICS_PATH
 from pdcases import ROOT
 
 CHART = ROOT / "charts" / "pd-operator"
@@ -170,11 +172,20 @@ MATRIX = {
             "serviceMonitor": {"enabled": True},
             "prometheusRule": {"enabled": True},
             "grafanaDashboard": {"enabled": True},
+            "engineMonitor": {"enabled": True},
         },
         (),
     ),
     "monitoring-with-api": (
-        {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+        {
+            "serviceMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "engineMonitor": {"enabled": True},
+        },
+        ("monitoring.coreos.com/v1",),
+    ),
+    "engine-monitor-namespaced": (
+        {"engineMonitor": {"enabled": True}, "watchNamespaces": ["team-a"]},
         ("monitoring.coreos.com/v1",),
     ),
     "peering": ({"peering": {"enabled": True, "name": "pd"}}, ("kopf.dev/v1",)),
@@ -412,7 +423,7 @@ def test_rbac_and_service_account_can_be_brought_by_the_user():
 def test_monitoring_objects_need_both_the_flag_and_the_prometheus_operator_api():
     values, _ = MATRIX["monitoring-with-api"]
     without_api = {o["kind"] for o in render(values)}
-    assert not without_api & {"ServiceMonitor", "PrometheusRule"}
+    assert not without_api & {"ServiceMonitor", "PrometheusRule", "PodMonitor"}
     with_api = render(values, ["monitoring.coreos.com/v1"])
     monitor = one(with_api, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
@@ -428,7 +439,38 @@ def test_monitoring_objects_need_both_the_flag_and_the_prometheus_operator_api()
     assert not {o["kind"] for o in render({}, ["monitoring.coreos.com/v1"])} & {
         "ServiceMonitor",
         "PrometheusRule",
+        "PodMonitor",
     }
+
+
+def test_engine_pod_monitor_scrapes_the_pool_pods_in_the_namespaces_the_operator_serves():
+    # Relabelling semantics, and agreement with deploy/prometheus/engine-scrape.yaml:
+    # tests/unit/test_engine_scrape.py.
+    enabled = {"engineMonitor": {"enabled": True, "labels": {"release": "kps"}}}
+    assert not [o for o in render(enabled) if o["kind"] == "PodMonitor"]
+    assert not [o for o in render({}, ["monitoring.coreos.com/v1"]) if o["kind"] == "PodMonitor"]
+    monitor = one(render(enabled, ["monitoring.coreos.com/v1"]), "PodMonitor")
+    assert monitor["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    spec = monitor["spec"]
+    assert spec["selector"] == {
+        "matchLabels": {
+            "app.kubernetes.io/name": ENGINE_APP_NAME,
+            "app.kubernetes.io/managed-by": MANAGED_BY,
+        }
+    }
+    assert spec["namespaceSelector"] == {"any": True}
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == (PORT_NAME, METRICS_PATH)
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    assert "honorLabels" not in endpoint  # ours win over any label an engine exports
+    namespaced = render(
+        {"engineMonitor": {"enabled": True, "interval": "5s"}, "watchNamespaces": ["a", "b"]},
+        ["monitoring.coreos.com/v1"],
+    )
+    spec = one(namespaced, "PodMonitor")["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["a", "b"]}
+    assert spec["podMetricsEndpoints"][0]["interval"] == "5s"
 
 
 def test_grafana_dashboard_configmap_is_opt_in():
@@ -485,6 +527,7 @@ def test_every_object_is_labelled_and_owns_no_field_of_another_manager(case):
         ),
         ({"ports": {"metrics": 70000, "health": 8080}}, "/ports/metrics"),
         ({"serviceMonitor": {"enabled": True, "interval": "soon"}}, "/serviceMonitor/interval"),
+        ({"engineMonitor": {"enabled": True, "port": "http"}}, "additional properties 'port'"),
         ({"rbac": {"create": True, "readPrometheusSecrets": "yes"}}, "/rbac/readPrometheusSecrets"),
     ],
 )

@@ -1,6 +1,6 @@
 """PromQL for the SLO signals: engine metric names, and one grouped query per signal.
 
-Every query serves all PDDeployments at once (`by (namespace, deployment, role, pool)`), so the
+Every query serves all PDDeployments at once (`by (namespace, deployment, role)`), so the
 number of queries per cycle is a small constant, independent of how many objects there are.
 Percentile queries differ by quantile and window, so there is one per distinct (percentile,
 window) pair among the objects; in practice one or two.
@@ -9,8 +9,9 @@ window) pair among the objects; in practice one or two.
 from dataclasses import dataclass
 
 # Scrape-time labels that identify a role's series. Prometheus sanitises label names, so our pod
-# labels pdoperator.io/{deployment,role} arrive under these names (the chart's PodMonitor and the
-# simulator's file-SD targets both relabel them so). The policy reads signals per role: the
+# labels pdoperator.io/{deployment,role} arrive under these names (the chart's engineMonitor
+# PodMonitor, deploy/prometheus/engine-scrape.yaml and the simulator's file-SD targets all
+# relabel them so; docs/observability.md#engine-metrics). The policy reads signals per role: the
 # pools of a role share one SLO and one queue in front of them.
 GROUP_LABELS = ("namespace", "deployment", "role")
 
