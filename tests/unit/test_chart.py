@@ -264,6 +264,7 @@ def test_values_become_the_operators_command_line():
         "ports": {"metrics": 9000, "health": 9001},
         "prometheusUrl": "http://prometheus-operated.monitoring.svc:9090",
         "autoscale": False,
+        "countOtherPods": False,
     }
     main = container(render(values))
     assert main["args"] == [
@@ -275,13 +276,15 @@ def test_values_become_the_operators_command_line():
         "--namespace=team-b",
         "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
         "--no-autoscale",
+        "--ignore-other-pods",
         "--verbose",
     ]
     # Every flag the chart can pass is one `pdctl run` (python -m pd_operator) accepts.
     parsed = build_parser().parse_args(["run", *main["args"]])
-    assert (parsed.namespace, parsed.workers, parsed.no_autoscale) == (
+    assert (parsed.namespace, parsed.workers, parsed.no_autoscale, parsed.ignore_other_pods) == (
         ["team-a", "team-b"],
         2,
+        True,
         True,
     )
     assert {p["containerPort"] for p in main["ports"]} == {9000, 9001}
