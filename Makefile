@@ -57,8 +57,9 @@ test: install ## Everything: installs dependencies and the test environment, the
 	PD_TESTBIN="$$(bash hack/testenv.sh | tail -n 1)" $(BIN)/pytest tests $(PYTEST_ARGS)
 
 .PHONY: manifests
-manifests: install ## Regenerate the CRD in crds/ and docs/api.md from the pydantic models
+manifests: install ## Regenerate the CRD in crds/ (and the chart's copy) and docs/api.md from the pydantic models
 	$(BIN)/python -m pd_operator.api.crd crds
+	cp crds/*.yaml charts/pd-operator/crds/
 	$(BIN)/python -m pd_operator.api.reference docs/api.md
 
 .PHONY: verify

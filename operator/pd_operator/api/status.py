@@ -74,3 +74,9 @@ class PDDeploymentStatus(StatusModel):
     replica_summary: ReplicaSummary | None = None
     observed: ObservedSignals | None = None
     last_decision: Decision | None = None
+    policy_memory: str | None = Field(
+        None,
+        max_length=65536,
+        description="The autoscaler's memory as JSON (internal): stabilization windows, capacity "
+        "per replica learned so far, warm-up. Read back after an operator restart.",
+    )

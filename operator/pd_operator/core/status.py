@@ -16,7 +16,7 @@ from pd_operator.core.observe import PodSummary
 from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
 
 # Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
-FOREIGN_FIELDS = ("observed", "lastDecision")
+FOREIGN_FIELDS = ("observed", "lastDecision", "policyMemory")
 AUTOSCALER_CONDITIONS = (
     reasons.SLO_MET,
     reasons.METRICS_AVAILABLE,
@@ -41,6 +41,7 @@ class ScalingView:
 
     observed: dict[str, Any] | None = None
     last_decision: dict[str, Any] | None = None
+    policy_memory: str | None = None  # PolicyState as JSON
     conditions: list[ConditionSpec] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
 
@@ -189,6 +190,8 @@ def compute_status(
     if scaling is not None:
         status["observed"] = scaling.observed
         status["lastDecision"] = scaling.last_decision
+        if scaling.policy_memory is not None:
+            status["policyMemory"] = scaling.policy_memory
         conditions += [condition(c.type, c.status, c.reason, c.message) for c in scaling.conditions]
     else:  # keep the autoscaler's conditions until it says something new
         conditions += [

@@ -9,6 +9,7 @@ to the API itself, so status has one writer and nothing fights.
 
 import calendar
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -99,6 +100,10 @@ def _damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> N
         same = all(_close(new_observed.get(k), old_observed.get(k)) for k in keys)
         if same and _age_seconds(old_observed.get("sampleTime"), now) < REFRESH_SECONDS:
             view.observed = dict(old_observed)
+            # The memory changes with every decision (its windows hold times); it is written
+            # when status is written for another reason, and read back after a restart.
+            if view.last_decision == old_decision and previous.get("policyMemory"):
+                view.policy_memory = previous["policyMemory"]
 
 
 def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozenset[tuple[str, str]]:
@@ -142,6 +147,18 @@ def _metrics_configured(
             f"no series yet for {', '.join(waiting)}: its pods are not Ready or just started",
         )
     return ConditionSpec(reasons.METRICS_CONFIGURED, True, reasons.AS_EXPECTED, "")
+
+
+def _remembered(key: ObjectKey, snapshot: Snapshot) -> PolicyState:
+    """The policy memory that status kept, after an operator restart (empty when none)."""
+    text = (snapshot.pdd.get("status") or {}).get("policyMemory")
+    if not text:
+        return PolicyState()
+    try:
+        return PolicyState.from_dict(json.loads(text))
+    except (ValueError, AttributeError) as error:  # JSONDecodeError is a ValueError
+        logger.warning("%s/%s: status.policyMemory ignored: %s", *key, error)
+        return PolicyState()
 
 
 def _status_fields(view: ScalingView) -> tuple[Any, ...]:
@@ -209,7 +226,12 @@ class Autoscaler:
             view = self._views.get(key)
             if view is None:
                 return None
-            handed = ScalingView(view.observed, view.last_decision, list(view.conditions))
+            handed = ScalingView(
+                observed=view.observed,
+                last_decision=view.last_decision,
+                policy_memory=view.policy_memory,
+                conditions=list(view.conditions),
+            )
             handed.events, view.events = view.events, []
             return handed
 
@@ -283,7 +305,7 @@ class Autoscaler:
                 pools=_pool_observations(pdd, snapshot),
                 capacity=capacity,
             )
-            state = self._states.get(key, PolicyState())
+            state = self._states.get(key) or _remembered(key, snapshot)
             decision = decide(pdd.spec, observation, state, now)
             if decision is None:
                 continue
@@ -383,6 +405,7 @@ class Autoscaler:
                 "reason": decision.reason[:1024],
                 "limitedBy": decision.limited_by,
             },
+            policy_memory=json.dumps(decision.state.to_dict(), separators=(",", ":")),
         )
         slo_met = [
             None if ms is None else ms <= target

@@ -1,0 +1,102 @@
+"""The autoscaler's memory survives an operator restart through status.policyMemory: a restarted
+operator decides as the one before it would have. Fakes stand in for the Prometheus reader only."""
+
+import copy
+import json
+
+import pytest
+
+from pd_operator.adapters.cache import ClusterCache
+from pd_operator.adapters.prometheus import ReadReport
+from pd_operator.core.reconcile import ANNOTATION_DESIRED_REPLICAS
+from pd_operator.core.signals import NO_TRAFFIC, RoleSignals
+from pd_operator.handlers.autoscaler import Autoscaler
+from pdcases import minimal
+
+KEY = ("llm", "minimal")
+INTERVAL, WINDOW = 30, 300  # decision interval, scale-down stabilization (the defaults)
+
+
+class IdleReader:
+    """A Prometheus that sees no traffic at all."""
+
+    def __init__(self, url, *, bearer_token=None, ca_path=None):
+        self.url = url
+
+    def read(self, targets, now):
+        idle = RoleSignals(sample_time=now, ttft_seconds=NO_TRAFFIC, itl_seconds=NO_TRAFFIC)
+        signals = {(t.namespace, t.name, r): idle for t in targets for r in ("prefill", "decode")}
+        return signals, ReadReport(queries=1)
+
+
+def deployment(role: str, pool: str, replicas: int) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": f"minimal-{role}-{pool}",
+            "namespace": "llm",
+            "labels": {"pdoperator.io/deployment": "minimal"},
+            "annotations": {ANNOTATION_DESIRED_REPLICAS: str(replicas)},
+            "ownerReferences": [
+                {"kind": "PDDeployment", "name": "minimal", "uid": "u1", "controller": True}
+            ],
+        },
+        "spec": {"replicas": replicas},
+        "status": {"replicas": replicas, "readyReplicas": replicas},
+    }
+
+
+def cluster(status: dict | None = None) -> ClusterCache:
+    """Three Ready replicas of each pool, min 1; `status` is what the object's status says."""
+    body = copy.deepcopy(minimal())
+    body["metadata"].update(namespace="llm", uid="u1", generation=1)
+    for role in ("prefill", "decode"):
+        body["spec"][role]["pools"][0]["replicas"] = {"min": 1, "max": 4}
+    body["spec"]["scaling"] = {"prometheus": {"url": "http://prometheus:9090"}}
+    if status:
+        body["status"] = status
+    cache = ClusterCache()
+    cache.put_pdd(body)
+    cache.put_child(deployment("prefill", "p", 3))
+    cache.put_child(deployment("decode", "d", 3))
+    return cache
+
+
+def autoscaler(cache: ClusterCache, clock: list[float]) -> Autoscaler:
+    return Autoscaler(cache, lambda keys: None, readers=IdleReader, clock=lambda: clock[0])
+
+
+@pytest.mark.parametrize("written", ["first", "last"])
+def test_a_restart_does_not_restart_the_scale_down_window(written: str):
+    clock = [1000.0]
+    before = autoscaler(cluster(), clock)
+    memories = []
+    while clock[0] < 1000 + WINDOW - INTERVAL:  # idle, but not for a whole window yet
+        before.cycle()
+        assert before.decisions_for(KEY) == {("prefill", "p"): 3, ("decode", "d"): 3}
+        view = before.view_for(KEY)
+        assert view is not None and view.policy_memory
+        memories.append(json.loads(view.policy_memory))  # what the reconciler writes
+        clock[0] += INTERVAL
+    # Status holds the memory of the last status write: with nothing else changing, that may
+    # be as old as the first decision.
+    memory = memories[0] if written == "first" else memories[-1]
+
+    clock[0] = 1000 + WINDOW + 1  # the window has passed, across the restart
+    restarted = autoscaler(cluster({"policyMemory": json.dumps(memory)}), clock)
+    restarted.cycle()
+    assert restarted.decisions_for(KEY) == {("prefill", "p"): 2, ("decode", "d"): 2}
+
+    # Without the memory, a restarted operator could not know the window held only lower
+    # recommendations, and would wait a whole window more.
+    forgetful = autoscaler(cluster(), clock)
+    forgetful.cycle()
+    assert forgetful.decisions_for(KEY) == {("prefill", "p"): 3, ("decode", "d"): 3}
+
+
+def test_unreadable_memory_is_ignored_not_fatal():
+    clock = [1000.0]
+    scaler = autoscaler(cluster({"policyMemory": "{not json"}), clock)
+    assert scaler.cycle() == 1
+    assert scaler.decisions_for(KEY) == {("prefill", "p"): 3, ("decode", "d"): 3}
