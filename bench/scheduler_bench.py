@@ -12,16 +12,18 @@ import argparse
 import datetime
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubernetes import client, config
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pd_operator.localcluster import LocalCluster
 from pd_operator.sim.profile import ClusterProfile, load_profile
-from pd_operator.sim.scheduler import SCHEDULER_NAME
 from pd_operator.sim.virtual import VirtualCluster
+from workloads import H200, S5000, deployment
 
 LARGE = Path(__file__).resolve().parents[1] / "config" / "clusters" / "large.yaml"
 NAMESPACE = "bench"
@@ -39,41 +41,6 @@ def scaled_profile(nodes: int) -> ClusterProfile:
         g.model_copy(update={"count": c}) for g, c in zip(large.node_groups, counts, strict=True)
     ]
     return large.model_copy(update={"node_groups": groups})
-
-
-def pool(
-    name: str, replicas: int, resource_name: str, product: dict[str, str]
-) -> dict[str, object]:
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "schedulerName": SCHEDULER_NAME,
-                    "nodeSelector": product,
-                    "tolerations": [
-                        {"key": resource_name, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "containers": [
-                        {
-                            "name": "engine",
-                            "image": "engine:1",
-                            "resources": {
-                                "requests": {resource_name: "1", "cpu": "8", "memory": "64Gi"},
-                                "limits": {resource_name: "1"},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
 
 
 def own_cpu_seconds() -> float:
@@ -106,11 +73,9 @@ class Run:
 def run(args: argparse.Namespace) -> Run:
     """Start a control plane and a virtual cluster, create the pools, wait for Ready."""
     prefill = round(args.pods * PREFILL_SHARE)
-    s5000 = {"mthreads.com/gpu.product": "MTT-S5000"}
-    h200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
     pools = [
-        pool("prefill", prefill, "mthreads.com/gpu", s5000),
-        pool("decode", args.pods - prefill, "nvidia.com/gpu", h200),
+        deployment("prefill", prefill, S5000, cards=1, cpu="8", memory="64Gi"),
+        deployment("decode", args.pods - prefill, H200, cards=1, cpu="8", memory="64Gi"),
     ]
     with LocalCluster(install_crds=False) as local:
         api = config.new_client_from_config(config_file=str(local.kubeconfig))

@@ -22,10 +22,9 @@ from pd_operator.sim.profile import load_profile
 from pd_operator.sim.scheduler import SCHEDULER_NAME
 from pd_operator.sim.virtual import VirtualCluster
 from pdcases import ROOT
+from workloads import H200, S5000, deployment
 
 TINY = ROOT / "config" / "clusters" / "tiny.yaml"
-S5000 = ("mthreads.com/gpu", {"mthreads.com/gpu.product": "MTT-S5000"})
-H200 = ("nvidia.com/gpu", {"nvidia.com/gpu.product": "NVIDIA-H200"})
 
 MakeCluster = Callable[..., VirtualCluster]
 
@@ -65,40 +64,6 @@ def virtual(api_client: client.ApiClient, namespace: str) -> Iterator[MakeCluste
         cluster.stop()
         selector = f"{LABEL_VIRTUAL_CLUSTER}={cluster.name}"
         assert not core.list_node(label_selector=selector).items, "stop() leaves no node"
-
-
-def deployment(name: str, replicas: int, card: tuple[str, dict[str, str]]) -> dict[str, Any]:
-    resource, selector = card
-    labels = {"app": name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "schedulerName": SCHEDULER_NAME,
-                    "nodeSelector": selector,
-                    "tolerations": [
-                        {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "containers": [
-                        {
-                            "name": "engine",
-                            "image": "engine:1",
-                            "resources": {
-                                "requests": {resource: "8", "cpu": "4"},
-                                "limits": {resource: "8"},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
 
 
 def pods(api_client: client.ApiClient, namespace: str, app: str) -> list[client.V1Pod]:

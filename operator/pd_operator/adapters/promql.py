@@ -1,4 +1,4 @@
-"""PromQL for the SLO signals: engine metric names, and one grouped query per signal.
+"""PromQL for the SLO signals: the engine metric names read, and one grouped query per signal.
 
 Every query serves all PDDeployments at once (`by (namespace, deployment, role)`), so the
 number of queries per cycle is a small constant, independent of how many objects there are.
@@ -7,6 +7,8 @@ window) pair among the objects; in practice one or two.
 """
 
 from dataclasses import dataclass
+
+from pd_operator.core import engine_metrics
 
 # Scrape-time labels that identify a role's series. Prometheus sanitises label names, so our pod
 # labels pdoperator.io/{deployment,role} arrive under these names (the chart's engineMonitor
@@ -20,7 +22,7 @@ QUANTILES = {"P50": 0.5, "P90": 0.9, "P95": 0.95, "P99": 0.99}
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """The metric names one engine (version) exports."""
+    """The metric names the reader queries for one engine (version)."""
 
     name: str
     ttft_histogram: str  # without the _bucket/_count suffix
@@ -29,77 +31,34 @@ class EngineMetrics:
     waiting: str | None
     running: str | None
     kv_usage: str | None  # fraction 0..1
-    prompt_tokens: str | None  # counter
-    generation_tokens: str | None  # counter
+    prompt_tokens: str | None  # counter, with its _total
+    generation_tokens: str | None  # counter, with its _total
+
+    @classmethod
+    def of(cls, names: engine_metrics.EngineMetricNames) -> "EngineMetrics":
+        """The names of the engine table (core/engine_metrics.py) that the reader queries."""
+        return cls(
+            name=names.name,
+            ttft_histogram=names.ttft_histogram,
+            itl_histogram=names.itl_histogram,
+            waiting=names.waiting,
+            running=names.running,
+            kv_usage=names.kv_usage,
+            prompt_tokens=_total(names.prompt_tokens),
+            generation_tokens=_total(names.generation_tokens),
+        )
 
 
-VLLM = EngineMetrics(
-    name="vllm",
-    ttft_histogram="vllm:time_to_first_token_seconds",
-    itl_histogram="vllm:inter_token_latency_seconds",
-    waiting="vllm:num_requests_waiting",
-    running="vllm:num_requests_running",
-    kv_usage="vllm:kv_cache_usage_perc",
-    prompt_tokens="vllm:prompt_tokens_total",
-    generation_tokens="vllm:generation_tokens_total",
-)
-# vLLM before the V1 metrics rename: ITL was "time per output token".
-VLLM_LEGACY = EngineMetrics(
-    name="vllm-legacy",
-    ttft_histogram="vllm:time_to_first_token_seconds",
-    itl_histogram="vllm:time_per_output_token_seconds",
-    waiting="vllm:num_requests_waiting",
-    running="vllm:num_requests_running",
-    kv_usage="vllm:gpu_cache_usage_perc",
-    prompt_tokens="vllm:prompt_tokens_total",
-    generation_tokens="vllm:generation_tokens_total",
-)
-SGLANG = EngineMetrics(
-    name="sglang",
-    ttft_histogram="sglang:time_to_first_token_seconds",
-    itl_histogram="sglang:inter_token_latency_seconds",
-    waiting="sglang:num_queue_reqs",
-    running="sglang:num_running_reqs",
-    kv_usage="sglang:token_usage",
-    prompt_tokens="sglang:prompt_tokens_total",
-    generation_tokens="sglang:generation_tokens_total",
-)
-# Some SGLang versions write an underscore instead of the colon.
-SGLANG_UNDERSCORE = EngineMetrics(
-    name="sglang-underscore",
-    ttft_histogram="sglang_time_to_first_token_seconds",
-    itl_histogram="sglang_inter_token_latency_seconds",
-    waiting="sglang_num_queue_reqs",
-    running="sglang_num_running_reqs",
-    kv_usage="sglang_token_usage",
-    prompt_tokens="sglang_prompt_tokens_total",
-    generation_tokens="sglang_generation_tokens_total",
-)
-# Dynamo's frontend measures latency at the router (label `model`, lower-cased). Only its two
-# latency histograms are relied on; per-pool gauges and token counters are not read from it.
-DYNAMO = EngineMetrics(
-    name="dynamo",
-    ttft_histogram="dynamo_frontend_time_to_first_token_seconds",
-    itl_histogram="dynamo_frontend_inter_token_latency_seconds",
-    waiting=None,
-    running=None,
-    kv_usage=None,
-    prompt_tokens=None,
-    generation_tokens=None,
-)
+def _total(counter: str | None) -> str | None:
+    return f"{counter}_total" if counter else None
 
-# vLLM's names as they arrive when its prometheus_client answers an OpenMetrics scrape and
-# escapes the colons (prometheus_client >= 0.22 with Prometheus asking for OpenMetrics).
-VLLM_UNDERSCORE = EngineMetrics(
-    name="vllm-underscore",
-    ttft_histogram="vllm_time_to_first_token_seconds",
-    itl_histogram="vllm_inter_token_latency_seconds",
-    waiting="vllm_num_requests_waiting",
-    running="vllm_num_requests_running",
-    kv_usage="vllm_kv_cache_usage_perc",
-    prompt_tokens="vllm_prompt_tokens_total",
-    generation_tokens="vllm_generation_tokens_total",
-)
+
+VLLM = EngineMetrics.of(engine_metrics.VLLM)
+VLLM_UNDERSCORE = EngineMetrics.of(engine_metrics.VLLM_UNDERSCORE)
+VLLM_LEGACY = EngineMetrics.of(engine_metrics.VLLM_LEGACY)
+SGLANG = EngineMetrics.of(engine_metrics.SGLANG)
+SGLANG_UNDERSCORE = EngineMetrics.of(engine_metrics.SGLANG_UNDERSCORE)
+DYNAMO = EngineMetrics.of(engine_metrics.DYNAMO)
 
 # Candidates per engine of the spec, in order of preference.
 ADAPTERS = {

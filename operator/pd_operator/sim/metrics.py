@@ -5,8 +5,9 @@ SD lists each pod as its own target group: the shared address, `__metrics_path__
 pod's path, and the labels Kubernetes SD relabelling would give a real pod (`namespace`, `pod`,
 and the `pdoperator.io/` labels as `deployment`, `role`, `pool`). The exposition carries only
 what the engine itself would put there (metric names, `model_name`), in vLLM's or SGLang's
-names. The text is written directly from the engine's counters: one registry per pod would be
-thousands of objects to keep in step with the simulation.
+names (core/engine_metrics.py, the table the operator's reader reads too). The text is written
+directly from the engine's counters: one registry per pod would be thousands of objects to keep
+in step with the simulation.
 """
 
 import asyncio
@@ -15,8 +16,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from types import TracebackType
 
+from pd_operator.core import engine_metrics
+from pd_operator.core.engine_metrics import EngineMetricNames
 from pd_operator.sim.engine import (
     SGLANG_BUCKETS,
     VLLM_BUCKETS,
@@ -32,81 +36,22 @@ _PATH = re.compile(r"^/pods/([^/]+)/([^/]+)/metrics$")
 
 @dataclass(frozen=True)
 class Dialect:
-    """An engine's metric names and histogram bounds. Counter names are without `_total`."""
+    """How the simulator writes as one engine: its metric names, constant labels and bounds."""
 
-    name: str
-    ttft: str
-    itl: str
-    e2e: str
-    waiting: str
-    running: str
-    kv_usage: str
-    prompt_tokens: str
-    generation_tokens: str
-    cache_hit_tokens: str
-    cache_query_tokens: str | None
+    metrics: EngineMetricNames  # counters without `_total`
     constant_labels: tuple[tuple[str, str], ...]
     buckets: LatencyBuckets
 
-    def with_separator(self, separator: str) -> "Dialect":
-        """The same metrics with `separator` after the engine prefix instead of ':'."""
-        names = {
-            field: getattr(self, field).replace(":", separator, 1)
-            for field in (
-                "ttft",
-                "itl",
-                "e2e",
-                "waiting",
-                "running",
-                "kv_usage",
-                "prompt_tokens",
-                "generation_tokens",
-                "cache_hit_tokens",
-            )
-        }
-        queries = self.cache_query_tokens
-        return replace(
-            self,
-            name=f"{self.name}{separator}",
-            cache_query_tokens=queries.replace(":", separator, 1) if queries else None,
-            **names,
-        )
+    @property
+    def name(self) -> str:
+        return self.metrics.name
 
 
 # vLLM v1 (vllm/v1/metrics/loggers.py): labels model_name and engine (the engine-core index).
-VLLM = Dialect(
-    name="vllm",
-    ttft="vllm:time_to_first_token_seconds",
-    itl="vllm:inter_token_latency_seconds",
-    e2e="vllm:e2e_request_latency_seconds",
-    waiting="vllm:num_requests_waiting",
-    running="vllm:num_requests_running",
-    kv_usage="vllm:kv_cache_usage_perc",
-    prompt_tokens="vllm:prompt_tokens",
-    generation_tokens="vllm:generation_tokens",
-    cache_hit_tokens="vllm:prefix_cache_hits",
-    cache_query_tokens="vllm:prefix_cache_queries",
-    constant_labels=(("engine", "0"),),
-    buckets=VLLM_BUCKETS,
-)
+VLLM = Dialect(engine_metrics.VLLM, constant_labels=(("engine", "0"),), buckets=VLLM_BUCKETS)
 # SGLang (python/sglang/srt/metrics/collector.py): label model_name.
-SGLANG = Dialect(
-    name="sglang",
-    ttft="sglang:time_to_first_token_seconds",
-    itl="sglang:inter_token_latency_seconds",
-    e2e="sglang:e2e_request_latency_seconds",
-    waiting="sglang:num_queue_reqs",
-    running="sglang:num_running_reqs",
-    kv_usage="sglang:token_usage",
-    prompt_tokens="sglang:prompt_tokens",
-    generation_tokens="sglang:generation_tokens",
-    cache_hit_tokens="sglang:cached_tokens",
-    cache_query_tokens=None,
-    constant_labels=(),
-    buckets=SGLANG_BUCKETS,
-)
-# Some SGLang versions write an underscore after the prefix (CONTEXT.md).
-SGLANG_UNDERSCORE = SGLANG.with_separator("_")
+SGLANG = Dialect(engine_metrics.SGLANG, constant_labels=(), buckets=SGLANG_BUCKETS)
+SGLANG_UNDERSCORE = replace(SGLANG, metrics=engine_metrics.SGLANG_UNDERSCORE)
 
 
 @dataclass(frozen=True)
@@ -171,39 +116,38 @@ class _Template:
             sample = f"{name}_total" if kind == "counter" else name
             return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{sample}{{{labels}}} "
 
-        buckets = dialect.buckets
-        self.ttft = histogram(dialect.ttft, buckets.ttft_s, "Time to first token in seconds.")
-        self.itl = histogram(dialect.itl, buckets.itl_s, "Inter-token latency in seconds.")
-        self.e2e = histogram(dialect.e2e, buckets.e2e_s, "End-to-end request latency.")
-        self.waiting = scalar(dialect.waiting, "gauge", "Requests waiting.")
-        self.running = scalar(dialect.running, "gauge", "Requests running.")
-        self.kv_usage = scalar(dialect.kv_usage, "gauge", "KV-cache usage, 1 is full.")
-        self.prompt = scalar(dialect.prompt_tokens, "counter", "Prompt tokens processed.")
-        self.generation = scalar(dialect.generation_tokens, "counter", "Tokens generated.")
-        self.hits = scalar(dialect.cache_hit_tokens, "counter", "Prompt tokens found cached.")
-        self.queries = (
-            scalar(dialect.cache_query_tokens, "counter", "Prompt tokens looked up.")
-            if dialect.cache_query_tokens
-            else None
+        names, buckets = dialect.metrics, dialect.buckets
+        # (name, kind, help, the instance's value); a name of None is a metric the engine lacks.
+        scalars = (
+            (names.waiting, "gauge", "Requests waiting.", "waiting"),
+            (names.running, "gauge", "Requests running.", "running"),
+            (names.kv_usage, "gauge", "KV-cache usage, 1 is full.", "kv_usage"),
+            (names.prompt_tokens, "counter", "Prompt tokens processed.", "prompt_tokens_total"),
+            (names.generation_tokens, "counter", "Tokens generated.", "generation_tokens_total"),
+            (names.cache_hit_tokens, "counter", "Prompt tokens found cached.",
+             "prefix_cache_hits_total"),
+            (names.cache_query_tokens, "counter", "Prompt tokens looked up.",
+             "prefix_cache_queries_total"),
+        )  # fmt: skip
+        self.scalars = tuple(
+            (scalar(name, kind, help_text), attrgetter(value))
+            for name, kind, help_text, value in scalars
+            if name
+        )
+        histograms = (
+            (names.ttft_histogram, buckets.ttft_s, "Time to first token in seconds.", "ttft"),
+            (names.itl_histogram, buckets.itl_s, "Inter-token latency in seconds.", "itl"),
+            (names.e2e_histogram, buckets.e2e_s, "End-to-end request latency.", "e2e"),
+        )
+        self.histograms = tuple(
+            (histogram(name, bounds, help_text), attrgetter(value))
+            for name, bounds, help_text, value in histograms
+            if name
         )
 
     def render(self, instance: Instance) -> str:
-        out = [
-            self.waiting + f"{instance.waiting}\n",
-            self.running + f"{instance.running}\n",
-            self.kv_usage + f"{instance.kv_usage!r}\n",
-            self.prompt + f"{instance.prompt_tokens_total}\n",
-            self.generation + f"{instance.generation_tokens_total}\n",
-            self.hits + f"{instance.prefix_cache_hits_total}\n",
-        ]
-        if self.queries:
-            out.append(self.queries + f"{instance.prefix_cache_queries_total}\n")
-        for template, histogram in (
-            (self.ttft, instance.ttft),
-            (self.itl, instance.itl),
-            (self.e2e, instance.e2e),
-        ):
-            out.append(template.render(histogram))
+        out = [f"{line}{value(instance)}\n" for line, value in self.scalars]
+        out += [lines.render(value(instance)) for lines, value in self.histograms]
         return "".join(out)
 
 

@@ -1,0 +1,95 @@
+"""The metric names each inference engine (version) exports: one table for reader and writer.
+
+The operator's Prometheus reader (adapters/promql.py) queries these names and the engine
+simulator (sim/metrics.py) writes them; both derive their tables from this one, so what the
+simulator writes is what the operator reads. Counters are named without the `_total` that
+their samples carry, histograms without the `_bucket`/`_sum`/`_count` suffixes.
+"""
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class EngineMetricNames:
+    """The metric names one engine (version) exports; None: not exported (or not relied on)."""
+
+    name: str
+    ttft_histogram: str
+    itl_histogram: str
+    e2e_histogram: str | None
+    waiting: str | None  # gauge
+    running: str | None  # gauge
+    kv_usage: str | None  # gauge, fraction 0..1
+    prompt_tokens: str | None  # counter
+    generation_tokens: str | None  # counter
+    cache_hit_tokens: str | None  # counter: prompt tokens found in the prefix cache
+    cache_query_tokens: str | None  # counter: prompt tokens looked up in it
+
+    def underscored(self) -> "EngineMetricNames":
+        """The same metrics with `_` instead of the `:` after the engine prefix."""
+        names = {
+            field.name: value.replace(":", "_", 1)
+            for field in fields(self)
+            if field.name != "name" and (value := getattr(self, field.name)) is not None
+        }
+        return replace(self, name=f"{self.name}-underscore", **names)
+
+
+# vLLM v1 (vllm/v1/metrics/loggers.py).
+VLLM = EngineMetricNames(
+    name="vllm",
+    ttft_histogram="vllm:time_to_first_token_seconds",
+    itl_histogram="vllm:inter_token_latency_seconds",
+    e2e_histogram="vllm:e2e_request_latency_seconds",
+    waiting="vllm:num_requests_waiting",
+    running="vllm:num_requests_running",
+    kv_usage="vllm:kv_cache_usage_perc",
+    prompt_tokens="vllm:prompt_tokens",
+    generation_tokens="vllm:generation_tokens",
+    cache_hit_tokens="vllm:prefix_cache_hits",
+    cache_query_tokens="vllm:prefix_cache_queries",
+)
+# vLLM's names as they arrive when its prometheus_client answers an OpenMetrics scrape and
+# escapes the colons (prometheus_client >= 0.22 with Prometheus asking for OpenMetrics).
+VLLM_UNDERSCORE = VLLM.underscored()
+# vLLM before the V1 metrics rename: ITL was "time per output token", and there were no
+# prefix-cache token counters.
+VLLM_LEGACY = replace(
+    VLLM,
+    name="vllm-legacy",
+    itl_histogram="vllm:time_per_output_token_seconds",
+    kv_usage="vllm:gpu_cache_usage_perc",
+    cache_hit_tokens=None,
+    cache_query_tokens=None,
+)
+# SGLang (python/sglang/srt/metrics/collector.py).
+SGLANG = EngineMetricNames(
+    name="sglang",
+    ttft_histogram="sglang:time_to_first_token_seconds",
+    itl_histogram="sglang:inter_token_latency_seconds",
+    e2e_histogram="sglang:e2e_request_latency_seconds",
+    waiting="sglang:num_queue_reqs",
+    running="sglang:num_running_reqs",
+    kv_usage="sglang:token_usage",
+    prompt_tokens="sglang:prompt_tokens",
+    generation_tokens="sglang:generation_tokens",
+    cache_hit_tokens="sglang:cached_tokens",
+    cache_query_tokens=None,
+)
+# Some SGLang versions write an underscore instead of the colon (CONTEXT.md).
+SGLANG_UNDERSCORE = SGLANG.underscored()
+# Dynamo's frontend measures latency at the router (label `model`, lower-cased). Only its two
+# latency histograms are relied on; per-pool gauges and token counters are not read from it.
+DYNAMO = EngineMetricNames(
+    name="dynamo",
+    ttft_histogram="dynamo_frontend_time_to_first_token_seconds",
+    itl_histogram="dynamo_frontend_inter_token_latency_seconds",
+    e2e_histogram=None,
+    waiting=None,
+    running=None,
+    kv_usage=None,
+    prompt_tokens=None,
+    generation_tokens=None,
+    cache_hit_tokens=None,
+    cache_query_tokens=None,
+)
