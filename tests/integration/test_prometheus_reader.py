@@ -45,12 +45,22 @@ def test_grouped_reads_give_each_object_its_own_latency(prometheus, engines):
         fast.waiting.labels(model_name="m").set(7)
         fast.prompt.labels(model_name="m").inc(5000)
         signals, report = reader.read(targets)
-        ready = signals[("ns", "fast", "prefill")].ttft_seconds.kind is ReadingKind.VALUE
-        return (
-            (signals, report)
-            if ready and signals[("ns", "slow", "prefill")].ttft_seconds.value
-            else None
+        # Every series scraped at least twice (a rate needs two samples), whichever came last.
+        fast_prefill = signals[("ns", "fast", "prefill")]
+        ready = all(
+            reading.kind is ReadingKind.VALUE
+            for reading in (
+                fast_prefill.ttft_seconds,
+                signals[("ns", "slow", "prefill")].ttft_seconds,
+                signals[("ns", "fast", "decode")].itl_seconds,
+                fast_prefill.queue_depth,
+                fast_prefill.prompt_tokens_per_second,
+            )
         )
+        ready = ready and signals[("ns", "idle", "prefill")].ttft_seconds.kind is not (
+            ReadingKind.UNAVAILABLE
+        )
+        return (signals, report) if ready else None
 
     signals, report = wait_for(observe_and_read, timeout=40, interval=1, what="rates over scrapes")
     fast_ttft = signals[("ns", "fast", "prefill")].ttft_seconds.value
