@@ -219,6 +219,14 @@ def test_a_failed_node_has_its_pods_replaced_elsewhere_or_left_pending_until_it_
     node = core.read_node(lost)
     assert condition(node, "Ready").status == "Unknown"
     assert "node.kubernetes.io/unreachable" in {t.key for t in node.spec.taints}
+    # Until the taint manager evicts it, the lost pod still reads Ready: wait for the eviction.
+    wait_for(
+        lambda: (
+            core.read_namespaced_pod(first.metadata.name, namespace).metadata.deletion_timestamp
+        ),
+        timeout=60,
+        what="the pod on the failed node to be evicted",
+    )
     (second,), _ = settle(api_client, namespace, "prefill", ready=1, pending=0)
     assert second.spec.node_name not in (lost, None)
     old = core.read_namespaced_pod(first.metadata.name, namespace)
