@@ -7,7 +7,6 @@ Active) and writes what the autoscaler saw and decided into status; the autoscal
 to the API itself, so status has one writer and nothing fights.
 """
 
-import calendar
 import contextlib
 import json
 import logging
@@ -38,115 +37,28 @@ from pd_operator.adapters.prometheus import (
 )
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
 from pd_operator.api.spec import PrometheusSpec
-from pd_operator.core import reasons
 from pd_operator.core.capacity import free_capacity
 from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.decision import Decision, Observation, PoolObservation
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
-from pd_operator.core.reconcile import EventSpec, all_pools, current_replicas
-from pd_operator.core.signals import Reading, ReadingKind, RoleSignals, unavailable
-from pd_operator.core.status import ConditionSpec, ScalingView
+from pd_operator.core.reconcile import all_pools, current_replicas
+from pd_operator.core.scaling_view import (
+    ScalingOutcome,
+    damp_churn,
+    scaling_outcome,
+    transition_events,
+)
+from pd_operator.core.signals import RoleSignals, unavailable
+from pd_operator.core.status import ScalingView
 
 logger = logging.getLogger(__name__)
-
-
-def _iso(unix_seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix_seconds))
-
-
-def _milliseconds(signals: RoleSignals | None, attribute: str) -> int | None:
-    reading = getattr(signals, attribute, None) if signals else None
-    if reading is None or reading.kind is not ReadingKind.VALUE or reading.value is None:
-        return None
-    return round(float(reading.value) * 1000)
-
-
-# Status is rewritten at least this often while values drift within the tolerance below.
-REFRESH_SECONDS = 300.0
-# Observed values that moved less than this (relative) are not worth a status write.
-OBSERVED_TOLERANCE = 0.05
-
-
-def _close(new: Any, old: Any) -> bool:
-    if isinstance(new, int | float) and isinstance(old, int | float):
-        return abs(new - old) <= OBSERVED_TOLERANCE * max(abs(new), abs(old), 1e-9)
-    return bool(new == old)
-
-
-def _age_seconds(stamp: str | None, now: float) -> float:
-    if not stamp:
-        return float("inf")
-    return now - calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
-
-
-def _damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> None:
-    """Keep what status already says when nothing that matters changed, so that a steady
-    object costs no status write per cycle: the decision counts when its replicas or its limit
-    change; observed values when they move by more than the tolerance; both at least every
-    REFRESH_SECONDS."""
-    old_decision, new_decision = previous.get("lastDecision"), view.last_decision
-    if old_decision and new_decision:
-        same = all(
-            old_decision.get(k) == new_decision.get(k)
-            for k in ("prefillReplicas", "decodeReplicas", "limitedBy")
-        )
-        if same and _age_seconds(old_decision.get("time"), now) < REFRESH_SECONDS:
-            view.last_decision = dict(old_decision)
-    old_observed, new_observed = previous.get("observed"), view.observed
-    if old_observed and new_observed:
-        keys = (set(old_observed) | set(new_observed)) - {"sampleTime"}
-        same = all(_close(new_observed.get(k), old_observed.get(k)) for k in keys)
-        if same and _age_seconds(old_observed.get("sampleTime"), now) < REFRESH_SECONDS:
-            view.observed = dict(old_observed)
-            # The memory changes with every decision (its windows hold times); it is written
-            # when status is written for another reason, and read back after a restart.
-            if view.last_decision == old_decision and previous.get("policyMemory"):
-                view.policy_memory = previous["policyMemory"]
 
 
 def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozenset[tuple[str, str]]:
     refs = (prometheus.bearer_token_secret_ref, prometheus.ca_secret_ref) if prometheus else ()
     return frozenset((namespace, ref.name) for ref in refs if ref is not None)
-
-
-def _metrics_configured(
-    missing: Mapping[str, Reading],
-    observation: Observation,
-    lacking_since: Mapping[str, float],
-    grace_seconds: float,
-    now: float,
-) -> ConditionSpec:
-    """False when a role's latency query has found no series for longer than `grace_seconds`
-    although pods of the role are Ready: the engines run, so Prometheus does not scrape them
-    or their labels do not match. (A new target needs a scrape and a rate window first.)"""
-    problems, waiting = [], []
-    for role, reading in missing.items():
-        if not (reading.reason or "").startswith(NO_SERIES):
-            continue  # an error or an outage, not a query that finds nothing
-        ready = sum(p.ready for (r, _), p in observation.pools.items() if r == role)
-        if not ready or now - lacking_since.get(role, now) < grace_seconds:
-            waiting.append(role)
-        else:
-            problems.append(f"{role}: {ready} pods Ready but {reading.reason}")
-    if problems:
-        message = "; ".join(problems) + (
-            ". Check that Prometheus scrapes the pods and relabels pdoperator.io/deployment and "
-            "pdoperator.io/role to the labels deployment and role (docs/observability.md), and "
-            "that spec.model.engine names the engine that serves them"
-        )
-        return ConditionSpec(
-            reasons.METRICS_CONFIGURED, False, reasons.METRICS_MISCONFIGURED, message[:1024]
-        )
-    if waiting:
-        return ConditionSpec(
-            reasons.METRICS_CONFIGURED,
-            None,
-            reasons.NO_READY_PODS,
-            f"no series yet for {', '.join(waiting)}: its pods are not Ready or just started",
-        )
-    return ConditionSpec(reasons.METRICS_CONFIGURED, True, reasons.AS_EXPECTED, "")
 
 
 def _remembered(key: ObjectKey, snapshot: Snapshot) -> PolicyState:
@@ -315,7 +227,6 @@ class Autoscaler:
                 snapshot=snapshot,
                 observation=observation,
                 decision=decision,
-                failing=self.last_report.failing_queries,
                 now=now,
             ):
                 changed.append(key)
@@ -378,98 +289,24 @@ class Autoscaler:
         snapshot: Snapshot,
         observation: Observation,
         decision: Decision,
-        failing: Mapping[RoleKey, str],
         now: float,
     ) -> bool:
         """Keep what the reconciler should write; True when it differs from the last time."""
         spec = pdd.spec
-        prefill, decode = observation.signals["prefill"], observation.signals["decode"]
-        ttft_ms = _milliseconds(prefill, "ttft_seconds")
-        itl_ms = _milliseconds(decode, "itl_seconds")
-        rps = prefill.requests_per_second.rate_or_zero()
-        view = ScalingView(
-            observed={  # unknown values are left out, never written as 0
-                key: value
-                for key, value in (
-                    ("ttftMilliseconds", ttft_ms),
-                    ("itlMilliseconds", itl_ms),
-                    ("requestsPerSecond", round(rps, 3) if rps is not None else None),
-                    ("sampleTime", _iso(now)),
-                )
-                if value is not None
-            },
-            last_decision={
-                "time": _iso(now),
-                "prefillReplicas": decision.role_replicas("prefill"),
-                "decodeReplicas": decision.role_replicas("decode"),
-                "reason": decision.reason[:1024],
-                "limitedBy": decision.limited_by,
-            },
-            policy_memory=json.dumps(decision.state.to_dict(), separators=(",", ":")),
+        previous_status = snapshot.pdd.get("status") or {}
+        outcome = scaling_outcome(
+            spec,
+            observation,
+            decision,
+            no_series=self._no_series(key, observation, now),
+            now=now,
         )
-        slo_met = [
-            None if ms is None else ms <= target
-            for ms, target in (
-                (ttft_ms, spec.slo.ttft.target_milliseconds),
-                (itl_ms, spec.slo.itl.target_milliseconds),
-            )
-        ]
-        latencies = {"prefill": prefill.ttft_seconds, "decode": decode.itl_seconds}
-        missing = {r: s for r, s in latencies.items() if s.kind is ReadingKind.UNAVAILABLE}
-        if missing:
-            detail = "; ".join(f"{role}: {reading.reason}" for role, reading in missing.items())
-            view.conditions.append(
-                ConditionSpec(reasons.METRICS_AVAILABLE, False, reasons.METRICS_UNAVAILABLE, detail)
-            )
-        else:
-            view.conditions.append(
-                ConditionSpec(reasons.METRICS_AVAILABLE, True, reasons.AS_EXPECTED, "")
-            )
-        lacking_since = self._lacking_series(key, observation, failing, now)
-        grace = spec.slo.window_seconds + spec.scaling.interval_seconds
-        view.conditions.append(_metrics_configured(missing, observation, lacking_since, grace, now))
-        if None in slo_met:
-            view.conditions.append(
-                ConditionSpec(reasons.SLO_MET, None, reasons.METRICS_UNAVAILABLE, "latency unknown")
-            )
-        else:
-            met = all(slo_met)
-            # Words, not the numbers (those are in status.observed): a message that changed
-            # with every sample would cost a status write every cycle.
-            message = "; ".join(
-                f"{name} {'within' if ok else 'above'} its {target} ms target"
-                for name, ok, target in (
-                    ("TTFT", slo_met[0], spec.slo.ttft.target_milliseconds),
-                    ("ITL", slo_met[1], spec.slo.itl.target_milliseconds),
-                )
-            )
-            view.conditions.append(
-                ConditionSpec(
-                    reasons.SLO_MET,
-                    met,
-                    reasons.WITHIN_SLO if met else reasons.SLO_VIOLATED,
-                    message,
-                )
-            )
-        capacity_short = decision.limited_by == "capacity"
-        view.conditions.append(
-            ConditionSpec(
-                reasons.CAPACITY_AVAILABLE,
-                not capacity_short,
-                reasons.CAPACITY_EXHAUSTED if capacity_short else reasons.AS_EXPECTED,
-                decision.reason if capacity_short else "",
-            )
+        view = outcome.view
+        damp_churn(view, previous_status, now)
+        view.events = transition_events(
+            previous_status, view, decision, observation, advisory=spec.scaling.mode == "Advisory"
         )
-        _damp_churn(view, snapshot.pdd.get("status") or {}, now)
-        view.events = self._transition_events(snapshot, view, decision, observation)
-        self._update_metrics(
-            key,
-            slo_met=slo_met,
-            missing=missing,
-            capacity_short=capacity_short,
-            decision=decision,
-            observation=observation,
-        )
+        self._update_metrics(key, outcome, decision, observation)
         decided = dict(decision.replicas) if spec.scaling.mode == "Active" else None
         with self._lock:
             previous = self._views.get(key)
@@ -491,90 +328,48 @@ class Autoscaler:
                 self._decisions[key] = decided
         return changed
 
-    def _transition_events(
-        self,
-        snapshot: Snapshot,
-        view: ScalingView,
-        decision: Decision,
-        observation: Observation,
-    ) -> list[EventSpec]:
-        """Events for changes only: a scale step, or a condition turning bad."""
-        before = {
-            c["type"]: c.get("status")
-            for c in (snapshot.pdd.get("status") or {}).get("conditions") or []
-        }
-        events = []
-        for spec, reason in (
-            (reasons.SLO_MET, reasons.EVENT_SLO_VIOLATED),
-            (reasons.METRICS_AVAILABLE, reasons.EVENT_METRICS_UNAVAILABLE),
-            (reasons.METRICS_CONFIGURED, reasons.EVENT_METRICS_MISCONFIGURED),
-            (reasons.CAPACITY_AVAILABLE, reasons.EVENT_CAPACITY_EXHAUSTED),
-        ):
-            condition = next(c for c in view.conditions if c.type == spec)
-            if condition.status is False and before.get(spec) != "False":
-                events.append(EventSpec("Warning", reason, condition.message))
-        mode = (
-            ""
-            if snapshot.pdd["spec"].get("scaling", {}).get("mode") != "Advisory"
-            else " (advisory)"
-        )
-        for (role, pool), desired in decision.replicas.items():
-            current = observation.pools[(role, pool)].replicas
-            if desired != current:
-                reason = reasons.EVENT_SCALED_UP if desired > current else reasons.EVENT_SCALED_DOWN
-                events.append(
-                    EventSpec(
-                        "Normal",
-                        reason,
-                        f"{role} pool {pool}: {current} -> {desired}{mode}: {decision.reason}"[
-                            :1024
-                        ],
-                    )
-                )
-        return events
-
     def _update_metrics(
         self,
         key: ObjectKey,
-        *,
-        slo_met: list[bool | None],
-        missing: Mapping[str, Any],
-        capacity_short: bool,
+        outcome: ScalingOutcome,
         decision: Decision,
         observation: Observation,
     ) -> None:
-        for role, met in zip(ROLES, slo_met, strict=True):
+        for role, met in zip(ROLES, outcome.slo_met, strict=True):
             labels = {"namespace": key[0], "pddeployment": key[1], "role": role}
             if met is None:
                 with contextlib.suppress(KeyError):  # unknown is absent, not 0 or 1
                     metrics.SLO_MET.remove(*labels.values())
             else:
                 metrics.SLO_MET.labels(**labels).set(1 if met else 0)
-            metrics.METRICS_AVAILABLE.labels(**labels).set(0 if role in missing else 1)
+            metrics.METRICS_AVAILABLE.labels(**labels).set(0 if role in outcome.missing else 1)
         metrics.CAPACITY_AVAILABLE.labels(namespace=key[0], pddeployment=key[1]).set(
-            0 if capacity_short else 1
+            0 if outcome.capacity_short else 1
         )
         current = sum(p.replicas for p in observation.pools.values())
         wanted = sum(decision.replicas.values())
         direction = "up" if wanted > current else "down" if wanted < current else "hold"
         metrics.DECISIONS.labels(direction=direction, limited_by=decision.limited_by).inc()
 
-    def _lacking_series(
-        self,
-        key: ObjectKey,
-        observation: Observation,
-        failing: Mapping[RoleKey, str],
-        now: float,
-    ) -> dict[str, float]:
-        """Since when each role has had Ready pods but no series (roles without: absent)."""
+    def _no_series(
+        self, key: ObjectKey, observation: Observation, now: float
+    ) -> dict[str, float | None]:
+        """The roles whose latency query found no series, with since when their pods have been
+        Ready without it (None: no pod Ready)."""
         since = self._no_series_since.setdefault(key, {})
+        found: dict[str, float | None] = {}
         for role in ROLES:
-            ready = any(p.ready for (r, _), p in observation.pools.items() if r == role)
-            if (key[0], key[1], role) in failing and ready:
-                since.setdefault(role, now)
+            signals = observation.signals[role]
+            latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
+            if not (latency.reason or "").startswith(NO_SERIES):
+                since.pop(role, None)
+                continue
+            if any(p.ready for (r, _), p in observation.pools.items() if r == role):
+                found[role] = since.setdefault(role, now)
             else:
                 since.pop(role, None)
-        return dict(since)
+                found[role] = None
+        return found
 
     def _drop_deleted(self, live: set[ObjectKey]) -> None:
         """Forget what was kept for objects that no longer exist."""

@@ -1,0 +1,235 @@
+"""What one autoscaler decision puts into status: observed values, the decision, conditions and
+transition events, with the churn damped so that a steady object costs no status write.
+
+Pure functions of the spec, the observation, the decision and the status as it stands; the
+autoscaler keeps the results and the reconciler writes them.
+"""
+
+import calendar
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.core import reasons
+from pd_operator.core.decision import Decision, Observation
+from pd_operator.core.reconcile import EventSpec
+from pd_operator.core.signals import Reading, ReadingKind
+from pd_operator.core.status import ConditionSpec, ScalingView
+
+# Status is rewritten at least this often while values drift within the tolerance below.
+REFRESH_SECONDS = 300.0
+# Observed values that moved less than this (relative) are not worth a status write.
+OBSERVED_TOLERANCE = 0.05
+_STAMP = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def iso(unix_seconds: float) -> str:
+    """An RFC 3339 UTC time, to the second."""
+    return time.strftime(_STAMP, time.gmtime(unix_seconds))
+
+
+def _milliseconds(reading: Reading) -> int | None:
+    if reading.kind is not ReadingKind.VALUE or reading.value is None:
+        return None
+    return round(float(reading.value) * 1000)
+
+
+@dataclass
+class ScalingOutcome:
+    """A decision as status shows it, and the facts the operator's metrics report."""
+
+    view: ScalingView
+    slo_met: tuple[bool | None, bool | None]  # prefill (TTFT), decode (ITL); None: unknown
+    missing: dict[str, Reading]  # role -> its unavailable latency reading
+    capacity_short: bool
+
+
+def scaling_outcome(
+    spec: PDDeploymentSpec,
+    observation: Observation,
+    decision: Decision,
+    *,
+    no_series: Mapping[str, float | None],
+    now: float,
+) -> ScalingOutcome:
+    """Observed values, the decision, and the conditions SLOMet, MetricsAvailable,
+    MetricsConfigured and CapacityAvailable. `no_series`: the roles whose latency query found
+    no series, with since when their pods have been Ready without it (None: none Ready)."""
+    prefill, decode = observation.signals["prefill"], observation.signals["decode"]
+    ttft_ms, itl_ms = _milliseconds(prefill.ttft_seconds), _milliseconds(decode.itl_seconds)
+    rps = prefill.requests_per_second.rate_or_zero()
+    view = ScalingView(
+        observed={  # unknown values are left out, never written as 0
+            name: value
+            for name, value in (
+                ("ttftMilliseconds", ttft_ms),
+                ("itlMilliseconds", itl_ms),
+                ("requestsPerSecond", round(rps, 3) if rps is not None else None),
+                ("sampleTime", iso(now)),
+            )
+            if value is not None
+        },
+        last_decision={
+            "time": iso(now),
+            "prefillReplicas": decision.role_replicas("prefill"),
+            "decodeReplicas": decision.role_replicas("decode"),
+            "reason": decision.reason[:1024],
+            "limitedBy": decision.limited_by,
+        },
+        policy_memory=json.dumps(decision.state.to_dict(), separators=(",", ":")),
+    )
+    slo_met = (
+        None if ttft_ms is None else ttft_ms <= spec.slo.ttft.target_milliseconds,
+        None if itl_ms is None else itl_ms <= spec.slo.itl.target_milliseconds,
+    )
+    latencies = {"prefill": prefill.ttft_seconds, "decode": decode.itl_seconds}
+    missing = {r: s for r, s in latencies.items() if s.kind is ReadingKind.UNAVAILABLE}
+    if missing:
+        detail = "; ".join(f"{role}: {reading.reason}" for role, reading in missing.items())
+        available = ConditionSpec(
+            reasons.METRICS_AVAILABLE, False, reasons.METRICS_UNAVAILABLE, detail
+        )
+    else:
+        available = ConditionSpec(reasons.METRICS_AVAILABLE, True, reasons.AS_EXPECTED, "")
+    grace = spec.slo.window_seconds + spec.scaling.interval_seconds
+    capacity_short = decision.limited_by == "capacity"
+    view.conditions = [
+        available,
+        metrics_configured(missing, observation, no_series, grace, now),
+        _slo_met(spec, slo_met),
+        ConditionSpec(
+            reasons.CAPACITY_AVAILABLE,
+            not capacity_short,
+            reasons.CAPACITY_EXHAUSTED if capacity_short else reasons.AS_EXPECTED,
+            decision.reason if capacity_short else "",
+        ),
+    ]
+    return ScalingOutcome(view, slo_met, missing, capacity_short)
+
+
+def _slo_met(spec: PDDeploymentSpec, slo_met: tuple[bool | None, bool | None]) -> ConditionSpec:
+    if None in slo_met:
+        return ConditionSpec(reasons.SLO_MET, None, reasons.METRICS_UNAVAILABLE, "latency unknown")
+    met = all(slo_met)
+    # Words, not the numbers (those are in status.observed): a message that changed with every
+    # sample would cost a status write every cycle.
+    message = "; ".join(
+        f"{name} {'within' if ok else 'above'} its {target} ms target"
+        for name, ok, target in (
+            ("TTFT", slo_met[0], spec.slo.ttft.target_milliseconds),
+            ("ITL", slo_met[1], spec.slo.itl.target_milliseconds),
+        )
+    )
+    return ConditionSpec(
+        reasons.SLO_MET, met, reasons.WITHIN_SLO if met else reasons.SLO_VIOLATED, message
+    )
+
+
+def metrics_configured(
+    missing: Mapping[str, Reading],
+    observation: Observation,
+    no_series: Mapping[str, float | None],
+    grace_seconds: float,
+    now: float,
+) -> ConditionSpec:
+    """False when a role's latency query has found no series for longer than `grace_seconds`
+    although pods of the role are Ready: the engines run, so Prometheus does not scrape them
+    or their labels do not match. (A new target needs a scrape and a rate window first.)"""
+    problems, waiting = [], []
+    for role, reading in missing.items():
+        if role not in no_series:
+            continue  # an error or an outage, not a query that finds nothing
+        ready = sum(p.ready for (r, _), p in observation.pools.items() if r == role)
+        since = no_series[role]
+        if not ready or since is None or now - since < grace_seconds:
+            waiting.append(role)
+        else:
+            problems.append(f"{role}: {ready} pods Ready but {reading.reason}")
+    if problems:
+        message = "; ".join(problems) + (
+            ". Check that Prometheus scrapes the pods and relabels pdoperator.io/deployment and "
+            "pdoperator.io/role to the labels deployment and role (docs/observability.md), and "
+            "that spec.model.engine names the engine that serves them"
+        )
+        return ConditionSpec(
+            reasons.METRICS_CONFIGURED, False, reasons.METRICS_MISCONFIGURED, message[:1024]
+        )
+    if waiting:
+        return ConditionSpec(
+            reasons.METRICS_CONFIGURED,
+            None,
+            reasons.NO_READY_PODS,
+            f"no series yet for {', '.join(waiting)}: its pods are not Ready or just started",
+        )
+    return ConditionSpec(reasons.METRICS_CONFIGURED, True, reasons.AS_EXPECTED, "")
+
+
+def _close(new: Any, old: Any) -> bool:
+    if isinstance(new, int | float) and isinstance(old, int | float):
+        return abs(new - old) <= OBSERVED_TOLERANCE * max(abs(new), abs(old), 1e-9)
+    return bool(new == old)
+
+
+def _age_seconds(stamp: str | None, now: float) -> float:
+    if not stamp:
+        return float("inf")
+    return now - calendar.timegm(time.strptime(stamp, _STAMP))
+
+
+def damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> None:
+    """Keep what status already says when nothing that matters changed, so that a steady
+    object costs no status write per cycle: the decision counts when its replicas or its limit
+    change; observed values when they move by more than the tolerance; both at least every
+    REFRESH_SECONDS."""
+    old_decision, new_decision = previous.get("lastDecision"), view.last_decision
+    if old_decision and new_decision:
+        same = all(
+            old_decision.get(k) == new_decision.get(k)
+            for k in ("prefillReplicas", "decodeReplicas", "limitedBy")
+        )
+        if same and _age_seconds(old_decision.get("time"), now) < REFRESH_SECONDS:
+            view.last_decision = dict(old_decision)
+    old_observed, new_observed = previous.get("observed"), view.observed
+    if old_observed and new_observed:
+        keys = (set(old_observed) | set(new_observed)) - {"sampleTime"}
+        same = all(_close(new_observed.get(k), old_observed.get(k)) for k in keys)
+        if same and _age_seconds(old_observed.get("sampleTime"), now) < REFRESH_SECONDS:
+            view.observed = dict(old_observed)
+            # The memory changes with every decision (its windows hold times); it is written
+            # when status is written for another reason, and read back after a restart.
+            if view.last_decision == old_decision and previous.get("policyMemory"):
+                view.policy_memory = previous["policyMemory"]
+
+
+def transition_events(
+    previous: Mapping[str, Any],
+    view: ScalingView,
+    decision: Decision,
+    observation: Observation,
+    *,
+    advisory: bool,
+) -> list[EventSpec]:
+    """Events for changes only: a scale step, or a condition turning bad since `previous`
+    (the status as it stands)."""
+    before = {c["type"]: c.get("status") for c in previous.get("conditions") or []}
+    events = []
+    for kind, reason in (
+        (reasons.SLO_MET, reasons.EVENT_SLO_VIOLATED),
+        (reasons.METRICS_AVAILABLE, reasons.EVENT_METRICS_UNAVAILABLE),
+        (reasons.METRICS_CONFIGURED, reasons.EVENT_METRICS_MISCONFIGURED),
+        (reasons.CAPACITY_AVAILABLE, reasons.EVENT_CAPACITY_EXHAUSTED),
+    ):
+        condition = next(c for c in view.conditions if c.type == kind)
+        if condition.status is False and before.get(kind) != "False":
+            events.append(EventSpec("Warning", reason, condition.message))
+    mode = " (advisory)" if advisory else ""
+    for (role, pool), desired in decision.replicas.items():
+        current = observation.pools[(role, pool)].replicas
+        if desired != current:
+            reason = reasons.EVENT_SCALED_UP if desired > current else reasons.EVENT_SCALED_DOWN
+            message = f"{role} pool {pool}: {current} -> {desired}{mode}: {decision.reason}"
+            events.append(EventSpec("Normal", reason, message[:1024]))
+    return events

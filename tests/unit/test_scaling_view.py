@@ -1,0 +1,138 @@
+"""What a decision puts into status: conditions, events on transitions only, and no status write
+for a steady object."""
+
+from pd_operator.api.document import parse_pddeployment
+from pd_operator.core.decision import Decision, Observation, PoolObservation
+from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.scaling_view import (
+    REFRESH_SECONDS,
+    damp_churn,
+    scaling_outcome,
+    transition_events,
+)
+from pd_operator.core.signals import Reading, RoleSignals, unavailable
+from pdcases import minimal
+
+SPEC = parse_pddeployment({**minimal(), "metadata": {"name": "m", "namespace": "llm"}}).spec
+NOW = 1_000_000.0
+
+
+def observation(ttft: Reading, itl: Reading, ready: int = 1) -> Observation:
+    prefill = RoleSignals(sample_time=NOW, ttft_seconds=ttft, requests_per_second=Reading.of(2.0))
+    return Observation(
+        signals={"prefill": prefill, "decode": RoleSignals(sample_time=NOW, itl_seconds=itl)},
+        pools={
+            ("prefill", "p"): PoolObservation(1, ready),
+            ("decode", "d"): PoolObservation(1, ready),
+        },
+    )
+
+
+def decision(prefill: int = 1, limited_by: str = "none") -> Decision:
+    return Decision(
+        time=NOW, replicas={("prefill", "p"): prefill, ("decode", "d"): 1}, pools=(),
+        reason="because", limited_by=limited_by, state=PolicyState(),
+    )  # fmt: skip
+
+
+def conditions(view) -> dict[str, tuple[bool | None, str]]:
+    return {c.type: (c.status, c.reason) for c in view.conditions}
+
+
+def status_of(view) -> dict:
+    """What the reconciler writes from a view."""
+    return {
+        "observed": view.observed,
+        "lastDecision": view.last_decision,
+        "policyMemory": view.policy_memory,
+        "conditions": [
+            {"type": c.type, "status": {True: "True", False: "False", None: "Unknown"}[c.status]}
+            for c in view.conditions
+        ],
+    }
+
+
+def test_slo_and_metrics_conditions_follow_the_readings():
+    # Targets: TTFT 1000 ms, ITL 20 ms.
+    ok = scaling_outcome(SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(),
+                         no_series={}, now=NOW)  # fmt: skip
+    assert conditions(ok.view) == {
+        "MetricsAvailable": (True, "AsExpected"),
+        "MetricsConfigured": (True, "AsExpected"),
+        "SLOMet": (True, "WithinSLO"),
+        "CapacityAvailable": (True, "AsExpected"),
+    }
+    assert ok.view.observed == {
+        "ttftMilliseconds": 500, "itlMilliseconds": 10, "requestsPerSecond": 2.0,
+        "sampleTime": "1970-01-12T13:46:40Z",
+    }  # fmt: skip
+    breach = scaling_outcome(
+        SPEC, observation(Reading.of(1.5), Reading.of(0.01)), decision(2, "capacity"),
+        no_series={}, now=NOW,
+    )  # fmt: skip
+    assert conditions(breach.view)["SLOMet"] == (False, "SLOViolated")
+    assert conditions(breach.view)["CapacityAvailable"] == (False, "CapacityExhausted")
+    unknown = scaling_outcome(
+        SPEC, observation(unavailable("timeout"), Reading.of(0.01)), decision(), no_series={},
+        now=NOW,
+    )  # fmt: skip
+    assert conditions(unknown.view)["SLOMet"] == (None, "MetricsUnavailable")
+    assert conditions(unknown.view)["MetricsAvailable"] == (False, "MetricsUnavailable")
+    assert unknown.slo_met == (None, True) and set(unknown.missing) == {"prefill"}
+    assert "ttftMilliseconds" not in unknown.view.observed  # unknown is absent, never 0
+
+
+def test_no_series_is_misconfigured_only_with_ready_pods_after_the_grace():
+    # Grace: the SLO window (60 s) plus one interval (30 s).
+    lost = unavailable('no series: histogram_quantile(0.5, ...{role="prefill"}...)')
+    seen = observation(lost, Reading.of(0.01))
+    early = scaling_outcome(SPEC, seen, decision(), no_series={"prefill": NOW - 60}, now=NOW)
+    assert conditions(early.view)["MetricsConfigured"] == (None, "NoReadyPods")
+    late = scaling_outcome(SPEC, seen, decision(), no_series={"prefill": NOW - 91}, now=NOW)
+    configured = next(c for c in late.view.conditions if c.type == "MetricsConfigured")
+    assert (configured.status, configured.reason) == (False, "MetricsMisconfigured")
+    assert configured.message.startswith("prefill: 1 pods Ready but no series: histogram_quantile")
+    not_ready = scaling_outcome(
+        SPEC, observation(lost, Reading.of(0.01), ready=0), decision(),
+        no_series={"prefill": None}, now=NOW,
+    )  # fmt: skip
+    assert conditions(not_ready.view)["MetricsConfigured"] == (None, "NoReadyPods")
+    outage = scaling_outcome(SPEC, seen, decision(), no_series={}, now=NOW)  # not a no-series
+    assert conditions(outage.view)["MetricsConfigured"] == (True, "AsExpected")
+
+
+def test_a_steady_object_keeps_its_status_until_the_refresh():
+    first = scaling_outcome(SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(),
+                            no_series={}, now=NOW).view  # fmt: skip
+    status = status_of(first)
+    # 1% later the latency moved by 2%, within the tolerance: the view is the status as it is.
+    later = scaling_outcome(SPEC, observation(Reading.of(0.51), Reading.of(0.01)), decision(),
+                            no_series={}, now=NOW + 30).view  # fmt: skip
+    damp_churn(later, status, NOW + 30)
+    assert status_of(later) == status
+    # A new decision is written (with the memory of that moment).
+    grown = scaling_outcome(SPEC, observation(Reading.of(0.51), Reading.of(0.01)), decision(2),
+                            no_series={}, now=NOW + 30).view  # fmt: skip
+    damp_churn(grown, status, NOW + 30)
+    assert grown.last_decision["prefillReplicas"] == 2
+    assert grown.last_decision["time"] != status["lastDecision"]["time"]
+    # After the refresh interval, the same values are written again, with their new time.
+    stale = scaling_outcome(SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(),
+                            no_series={}, now=NOW + REFRESH_SECONDS).view  # fmt: skip
+    damp_churn(stale, status, NOW + REFRESH_SECONDS)
+    assert stale.observed["sampleTime"] != status["observed"]["sampleTime"]
+
+
+def test_events_come_on_transitions_only():
+    seen = observation(Reading.of(1.5), Reading.of(0.01))
+    view = scaling_outcome(SPEC, seen, decision(2), no_series={}, now=NOW).view
+    events = transition_events({}, view, decision(2), seen, advisory=False)
+    assert [(e.type, e.reason) for e in events] == [
+        ("Warning", "SLOViolated"), ("Normal", "ScaledUp")
+    ]  # fmt: skip
+    assert events[1].message == "prefill pool p: 1 -> 2: because"
+    # The same breach again, already in status, and no scale step: nothing new to say.
+    again = transition_events(status_of(view), view, decision(1), seen, advisory=False)
+    assert again == []
+    advisory = transition_events(status_of(view), view, decision(2), seen, advisory=True)
+    assert advisory[0].message == "prefill pool p: 1 -> 2 (advisory): because"
