@@ -3,21 +3,35 @@
 import copy
 import itertools
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pd_operator.api import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, Role
+from pd_operator.core.allocation import record_ready
 from pd_operator.core.capacity import FreeCapacity, free_capacity
-from pd_operator.core.learning import seed_capacity, seed_load_seconds
+from pd_operator.core.learning import (
+    PROMPT_LENGTH_CV2,
+    latency_evidence,
+    seed_capacity,
+    seed_load_seconds,
+)
 from pd_operator.core.observe import NodeSummary
 from pd_operator.core.policy import Decision, Observation, PoolObservation, decide
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory
-from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
+from pd_operator.core.signals import (
+    LATENCY_BUCKETS,
+    NO_TRAFFIC,
+    Reading,
+    RoleSignals,
+    bucket_of,
+    unavailable,
+)
 from pdcases import minimal
 
 T0 = 1_000_000.0
@@ -293,6 +307,271 @@ def test_requests_waiting_for_kv_room_count_as_kv_demand():
     state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
     decision = decide(SPEC, observation, state, T0)
     assert replicas(decision, "decode", "d") == 3  # 0.7 x 60/40 = 1.05 of the cache: +1
+
+
+# ---------------------------------------------------------------- what a latency reading can tell
+
+
+@pytest.mark.parametrize(
+    ("value", "bucket"),
+    [
+        (0.0176, (0.01, 0.025)),
+        (0.025, (0.01, 0.025)),
+        (0.005, (0.0, 0.01)),
+        (80.0, (80.0, math.inf)),
+    ],
+)
+def test_a_quantile_lies_somewhere_in_its_histogram_bucket(value, bucket):
+    assert bucket_of(LATENCY_BUCKETS["VLLM"]["decode"], value) == bucket
+
+
+@pytest.mark.parametrize(
+    ("ratio", "bucket", "evidence"),
+    [
+        (1.5, (1.25, 2.5), "breach"),
+        (1.15, (0.5, 1.25), "breach"),  # interpolated past the tolerance: act on it
+        (1.05, (1.0, 2.5), "breach"),  # a wide bucket, but wholly at or past the target
+        (0.88, (0.5, 1.25), None),  # vLLM's 10-25 ms bucket around a 20 ms target
+        (0.88, (0.75, 1.0), "near"),  # SGLang's 15-20 ms bucket
+        (1.0, None, "near"),  # an exact latency
+        (0.6, (0.5, 1.25), None),  # might be at 1.25x the target
+        (0.4, (0.0, 0.5), "under"),
+        (0.6, None, "under"),
+    ],
+)
+def test_a_reading_teaches_only_what_its_bucket_can_resolve(ratio, bucket, evidence):
+    assert latency_evidence(ratio, bucket) == evidence
+
+
+SGLANG = spec_of({"model.engine": "SGLang"})
+
+
+@pytest.mark.parametrize(("spec", "learns"), [(SPEC, False), (SGLANG, True)])
+def test_itl_inside_a_wide_bucket_is_no_sign_of_running_at_the_slo(spec, learns):
+    # ITL P50 reads 17.6 ms against 20 ms. vLLM's buckets only say "between 10 and 25 ms",
+    # at any load; SGLang's say "between 15 and 20 ms": the replicas are near their capacity.
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    decisions = run(
+        spec,
+        state,
+        {("prefill", "p"): 1, ("decode", "d"): 2},
+        10,
+        decode={"ratio": 0.88, "tokens": 300.0, "kv": 0.05},
+    )
+    learned = decisions[-1].state.pool("decode", "d").capacity_per_replica
+    assert learned is not None
+    if learns:
+        assert learned == pytest.approx(150.0, rel=0.05)  # 300 tokens/s on two replicas
+        assert decisions[-1].role_replicas("decode") >= 2
+    else:
+        assert learned == pytest.approx(500.0)
+        assert [d.role_replicas("decode") for d in decisions] == [2] * 10
+
+
+def test_a_low_reading_in_a_wide_bucket_does_not_raise_a_pessimistic_estimate():
+    # 12 ms against 20 ms lies in vLLM's 10-25 ms bucket: the ITL may be 1.25x the target.
+    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 100.0})
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 1, ("decode", "d"): 2},
+        decode={"ratio": 0.6, "tokens": 400.0},
+    )
+    decision = decide(SPEC, observation, state, T0)
+    assert decision is not None
+    assert decision.state.pool("decode", "d").capacity_per_replica == pytest.approx(100.0)
+
+
+# ---------------------------------------------------------------- replicas that just became Ready
+
+
+def just_ready(spec: PDDeploymentSpec, before: int, now_ready: int, ago: float) -> PolicyState:
+    """A calibrated state whose prefill pool had `before` Ready replicas until `ago` s ago."""
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0}, since=T0 - 3600)
+    runs = ((T0 - 3600, before), (T0 - ago, now_ready))
+    pools = dict(state.pools)
+    pools["prefill/p"] = replace(pools["prefill/p"], ready_runs=runs)
+    return PolicyState(pools, state.roles)
+
+
+def test_signals_from_before_new_replicas_served_teach_nothing_and_add_nothing():
+    # Two replicas breached (1.6x) serving 2000 tokens/s; two more became Ready 20 s ago.
+    # Read against four, the breach would cut the estimate to 400/replica and ask for 7.
+    state = just_ready(SPEC, 2, 4, ago=20)
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 4, ("decode", "d"): 1},
+        prefill={"ratio": 1.6, "tokens": 2000.0},
+    )
+    decision = decide(SPEC, observation, state, T0)
+    assert decision is not None
+    assert replicas(decision) == 4
+    assert decision.state.pool("prefill", "p").capacity_per_replica == pytest.approx(1000.0)
+    # A window later the same signals describe the four: the breach is theirs.
+    settled = just_ready(SPEC, 2, 4, ago=SPEC.slo.window_seconds + 1)
+    later = decide(SPEC, observation, settled, T0)
+    assert later is not None
+    assert replicas(later) > 4
+    assert later.state.pool("prefill", "p").capacity_per_replica < 1000.0
+
+
+def test_the_queue_new_replicas_drain_is_no_demand_for_more():
+    # 120 prompts of 1000 tokens wait: +2000 tokens/s over the window (5 replicas, see
+    # test_a_prefill_queue_adds_to_the_demand) unless replicas just became Ready to drain them.
+    observation = observe(
+        SPEC,
+        T0,
+        {("prefill", "p"): 4, ("decode", "d"): 1},
+        prefill={"ratio": 0.8, "tokens": 1500.0, "queue": 120.0},
+    )
+    fresh = decide(SPEC, observation, just_ready(SPEC, 2, 4, ago=20), T0)
+    steady = decide(SPEC, observation, just_ready(SPEC, 4, 4, ago=3600), T0)
+    assert replicas(fresh) == 4
+    assert replicas(steady) == 5
+
+
+def test_the_ready_history_keeps_one_window():
+    runs: tuple[tuple[float, int], ...] = ()
+    for t, ready in [(0, 1), (30, 1), (60, 2), (90, 2), (200, 3), (400, 3)]:
+        runs = record_ready(runs, float(t), ready, 60.0)
+    assert runs == ((200.0, 3),)  # in force since before the window; nothing changed within
+
+
+def breach_loop(
+    state: PolicyState, sizes: int, phases: list[tuple[int, dict[str, Any]]], start: float = T0
+) -> tuple[list[int], PolicyState, str]:
+    """Prefill signals per phase (steps, kwargs of `signals`) from `start`, pods Ready at once;
+    the sizes, the last state and the last reason."""
+    now, current, seen, reason = start, {("prefill", "p"): sizes, ("decode", "d"): 1}, [], ""
+    for steps, prefill in phases:
+        for _ in range(steps):
+            decision = decide(SPEC, observe(SPEC, now, dict(current), prefill=prefill), state, now)
+            assert decision is not None
+            current.update(decision.replicas)
+            seen.append(replicas(decision))
+            state, now, reason = decision.state, now + INTERVAL, decision.reason
+    return seen, state, reason
+
+
+def test_a_breach_that_more_replicas_did_not_lower_adds_no_more():
+    # Two replicas breach (1.5x) serving 2000 tokens/s: the policy goes to 4. Once the four have
+    # served a whole window the TTFT still reads 1.5x for the same demand: a latency floor (long
+    # prompts, a tail percentile), not a lack of replicas. Read as a breach of four, it would cut
+    # the estimate to 400/replica and ask for 7, then more, up to max.
+    start = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}, since=T0 - 3600)
+    breach = {"ratio": 1.5, "tokens": 2000.0}
+    sizes, state, reason = breach_loop(start, 2, [(12, breach)])
+    assert sizes == [4] * 12
+    assert "the last scale-up did not lower this breach" in reason
+    assert state.role("prefill").futile_ratio == pytest.approx(1.5)
+    assert state.pool("prefill", "p").capacity_per_replica == pytest.approx(800.0)
+    # It stays futile while the breach is not clearly worse...
+    later = T0 + 12 * INTERVAL
+    sizes, _, _ = breach_loop(state, 4, [(4, {"ratio": 1.7, "tokens": 2000.0})], later)
+    assert sizes == [4] * 4
+    # ...and a breach 20% worse is acted on again.
+    sizes, _, _ = breach_loop(state, 4, [(1, {"ratio": 1.9, "tokens": 2000.0})], later)
+    assert sizes[-1] > 4
+
+
+def test_a_breach_that_stays_under_more_load_per_replica_is_still_one_of_capacity():
+    start = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0}, since=T0 - 3600)
+    # The demand tripled while the four were loading: each replica now carries more than each
+    # of the two did when they breached.
+    sizes, state, _ = breach_loop(
+        start, 2, [(1, {"ratio": 1.5, "tokens": 2000.0}), (4, {"ratio": 1.5, "tokens": 6000.0})]
+    )
+    assert sizes[-1] > 4
+    assert state.role("prefill").futile_ratio is None
+
+
+# ---------------------------------------------------------------- profile seeds and learning
+
+
+def test_varied_prompt_lengths_cost_more_prefill_than_prompts_of_the_mean_length():
+    pool, decode_pool = PROFILED.prefill.pools[0], PROFILED.decode.pools[0]
+    fixed = seed_capacity(PROFILED, "prefill", pool, 16000)
+    varied = seed_capacity(PROFILED, "prefill", pool, 16000, prompt_length_cv2=PROMPT_LENGTH_CV2)
+    assert fixed is not None and varied is not None
+    assert varied < 0.9 * fixed  # attention costs the square of each prompt's length
+    short = seed_capacity(PROFILED, "prefill", pool, 500, prompt_length_cv2=PROMPT_LENGTH_CV2)
+    assert short == pytest.approx(seed_capacity(PROFILED, "prefill", pool, 500), rel=0.05)
+    assert seed_capacity(
+        PROFILED, "decode", decode_pool, 4000, prompt_length_cv2=PROMPT_LENGTH_CV2
+    ) == seed_capacity(PROFILED, "decode", decode_pool, 4000)
+
+
+def profiled_capacity(decision: Decision | None, role: Role) -> float:
+    assert decision is not None
+    pool = next(d for d in decision.pools if d.role == role)
+    assert pool.capacity_per_replica is not None
+    return pool.capacity_per_replica
+
+
+def seed(role: Role, prompt: int) -> float:
+    pool = PROFILED.pools(role)[0]
+    value = seed_capacity(PROFILED, role, pool, prompt, prompt_length_cv2=PROMPT_LENGTH_CV2)
+    assert value is not None
+    return value
+
+
+def test_what_was_learned_carries_over_when_prompts_get_longer():
+    # Learned: the replicas serve half what the profile says. Prompts then grow from 1,000
+    # to 8,000 tokens: the estimate follows the profile's curve at that learned efficiency.
+    state = PolicyState(
+        roles={"prefill": RoleMemory(capacity_basis="observed", capacity_factor=0.5)}
+    )
+    counts = {("prefill", "p"): 2, ("decode", "d"): 1}
+    for prompt in (1000, 8000):
+        tokens = 2000.0
+        observation = observe(PROFILED, T0, counts, prefill={"ratio": 0.5, "tokens": tokens})
+        prefill = observation.signals["prefill"]
+        observation = Observation(
+            {
+                **observation.signals,
+                "prefill": replace(prefill, requests_per_second=Reading.of(tokens / prompt)),
+            },
+            observation.pools,
+        )
+        decision = decide(PROFILED, observation, state, T0)
+        assert profiled_capacity(decision, "prefill") == pytest.approx(
+            0.5 * seed("prefill", prompt)
+        )
+        assert decision is not None
+        assert decision.state.role("prefill").capacity_factor == pytest.approx(0.5)
+
+
+def test_decode_sizes_its_seed_on_the_prompts_prefill_saw():
+    # Decode engines may not count prompt tokens; the prefill's 1,000-token prompts are theirs.
+    observation = observe(PROFILED, T0, {("prefill", "p"): 1, ("decode", "d"): 1})
+    blind = replace(
+        observation.signals["decode"],
+        prompt_tokens_per_second=NO_TRAFFIC,
+        requests_per_second=NO_TRAFFIC,
+    )
+    observation = Observation({**observation.signals, "decode": blind}, observation.pools)
+    decision = decide(PROFILED, observation, PolicyState(), T0)
+    assert profiled_capacity(decision, "decode") == pytest.approx(seed("decode", 1000))
+
+
+def test_a_saturated_prefill_breach_measures_throughput():
+    # Prompts wait, so both replicas were busy all the time: 2000 tokens/s is what two
+    # replicas serve, not what they would serve at the target.
+    state = calibrated(SPEC, {"prefill": 5000.0, "decode": 500.0})
+    cut = decide(
+        SPEC,
+        observe(
+            SPEC,
+            T0,
+            {("prefill", "p"): 2, ("decode", "d"): 1},
+            prefill={"ratio": 2.0, "tokens": 2000.0, "queue": 10.0},
+        ),
+        state,
+        T0,
+    )
+    assert cut is not None
+    assert cut.state.pool("prefill", "p").capacity_per_replica == pytest.approx(1000.0)
 
 
 # ---------------------------------------------------------------- scale-down and hysteresis
@@ -839,6 +1118,45 @@ def test_the_state_survives_a_json_round_trip():
         PolicyState.from_dict({"pools": {"prefill/p": {"since": "yesterday"}}})
 
 
+def test_every_field_of_the_state_is_plain_json():
+    full = PolicyState(
+        pools={
+            "prefill/p": PoolMemory(
+                recommendations=((T0, T0 + 30, 3),),
+                since=T0,
+                capacity_per_replica=1234.5,
+                load_seconds=80.0,
+                scaled_up_at=T0,
+                scaled_up_to=4,
+                ready_by=T0 + 80,
+                ready_runs=((T0, 2), (T0 + 30, 3)),
+            )
+        },
+        roles={
+            "prefill": RoleMemory(
+                capacity_basis="observed",
+                capacity_factor=0.62,
+                latency_ratio_at_scale_up=1.4,
+                demand_at_scale_up=5e4,
+                ready_at_scale_up=3,
+                futile_ratio=1.3,
+                no_traffic_since=T0,
+                unavailable_since=T0,
+                stuck_since=T0,
+            )
+        },
+    )
+    data = full.to_dict()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data  # lists, not tuples; no NaN
+    assert PolicyState.from_dict(data) == full
+    assert PolicyState.from_dict({**data, "future": 1}) == full
+    for bad in ({"ready_runs": [[T0, -1]]}, {"ready_runs": [[T0, 2.5]]}, {"scaled_up_to": True}):
+        with pytest.raises(ValueError, match="unreadable"):
+            PolicyState.from_dict({"pools": {"prefill/p": bad}})
+    with pytest.raises(ValueError, match="unreadable"):
+        PolicyState.from_dict({"roles": {"prefill": {"ready_at_scale_up": "3"}}})
+
+
 def test_decide_does_not_touch_its_inputs():
     state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
     observation = observe(
@@ -1011,6 +1329,11 @@ def test_bounds_always_hold(data, low, span, ratio):
     estimate=st.sampled_from([None, 600.0, 1000.0, 1500.0]),
     basis=st.sampled_from(["observed", "lower-bound"]),
 )
+# More load moved the TTFT from the 0.75-1 s bucket to the 1-2.5 s bucket (too wide to say
+# "near", but wholly past the target).
+@example(low=1.0, extra=0.03125, current=1, estimate=None, basis="observed")
+# A floor between one replica less and the current size once blocked the probe at low load.
+@example(low=0.21875, extra=0.21875, current=2, estimate=600.0, basis="lower-bound")
 def test_more_load_never_means_fewer_replicas(low, extra, current, estimate, basis):
     state = PolicyState()
     if estimate is not None:

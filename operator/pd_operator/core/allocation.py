@@ -108,6 +108,19 @@ def record(runs: Sequence[Run], now: float, replicas: int, keep_seconds: float) 
     return tuple(kept)
 
 
+def record_ready(
+    runs: Sequence[tuple[float, int]], now: float, ready: int, keep_seconds: float
+) -> tuple[tuple[float, int], ...]:
+    """The Ready-count history with this observation added: (since, ready) runs, keeping the
+    run in force at the start of the last `keep_seconds` and every later one."""
+    kept = list(runs)
+    if not kept or kept[-1][1] != ready:
+        kept.append((now, ready))
+    while len(kept) > 1 and kept[1][0] <= now - keep_seconds:
+        kept.pop(0)
+    return tuple(kept)
+
+
 def stabilize(
     current: int,
     raw: int,

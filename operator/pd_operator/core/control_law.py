@@ -21,7 +21,7 @@ from typing import Literal
 
 from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.learning import BREACH_RATIO, RoleCapacity
-from pd_operator.core.signals import ReadingKind, RoleSignals
+from pd_operator.core.signals import LATENCY_BUCKETS, ReadingKind, RoleSignals, bucket_of
 
 # Grow to a size at which the demand uses this share of the estimated capacity.
 TARGET_UTILISATION = 0.8
@@ -56,10 +56,19 @@ class RoleLoad:
     status: LoadStatus
     note: str = ""  # the signals in words
     latency_ratio: float | None = None  # observed/target at the SLO percentile
+    # The histogram bucket the percentile was read in, over the target; None: exact.
+    latency_bucket: tuple[float, float] | None = None
     served_tokens_per_second: float | None = None
     demand_tokens_per_second: float | None = None  # served, plus the queue to drain
     memory_pressure: float | None = None  # decode KV usage x (running + waiting) / running
     mean_prompt_tokens: float | None = None
+    # Prefill requests wait: every replica is busy, so what they serve is their throughput.
+    saturated: bool = False
+    # Replicas became Ready within the window: they drain the queue, which is then no reason
+    # to grow (it still counts against shrinking).
+    queue_drained: bool = False
+    # A breach that more replicas did not lower (see `core.policy`): no reason to add more.
+    futile: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
 
 
@@ -116,7 +125,13 @@ def read_load(
     if role == "decode" and usage is not None:
         # Requests waiting for KV room need cache on top of what the running ones hold.
         pressure = usage * (1 + waiting / running) if waiting and running else usage
-    ratio = seconds / (target.target_milliseconds / 1000) if seconds is not None else None
+    target_seconds = target.target_milliseconds / 1000
+    ratio = seconds / target_seconds if seconds is not None else None
+    bucket = None
+    if latency.value is not None:
+        bounds = LATENCY_BUCKETS.get(spec.model.engine, {}).get(role, ())
+        lower, upper = bucket_of(bounds, latency.value)
+        bucket = (lower / target_seconds, upper / target_seconds)
     words = [f"{name} {ratio:.2f}x target" if ratio is not None else f"no {name} sample"]
     if latency.value is None and seconds is not None:
         words[0] += f" (nothing finished for {seconds:.0f}s)"
@@ -130,10 +145,12 @@ def read_load(
         "active",
         ", ".join(words),
         latency_ratio=ratio,
+        latency_bucket=bucket,
         served_tokens_per_second=served,
         demand_tokens_per_second=demand,
         memory_pressure=pressure,
         mean_prompt_tokens=mean_prompt,
+        saturated=role == "prefill" and bool(waiting),
         nothing_finished=latency.value is None and seconds is not None,
     )
 
@@ -165,7 +182,7 @@ def role_need(
     floors: list[float] = []
     ratio = load.latency_ratio
     if ratio is not None:
-        if ratio > BREACH_RATIO and ready_capacity > 0:
+        if ratio > BREACH_RATIO and ready_capacity > 0 and not load.futile:
             grow.append(ready_capacity * min(ratio, MAX_FEEDBACK_GAIN))
         if ratio >= HOLD_RATIO:
             floors.append(placeable_capacity)
@@ -173,7 +190,8 @@ def role_need(
     predictable = demand is not None and capacity.basis is not None
     if demand is not None and capacity.basis is not None:
         if capacity.basis != "lower-bound":  # a lower bound would over-provision on the way up
-            grow.append(demand / TARGET_UTILISATION)
+            wanted = load.served_tokens_per_second if load.queue_drained else demand
+            grow.append((wanted or 0.0) / TARGET_UTILISATION)
         floors.append(demand / SCALE_DOWN_UTILISATION)
     pressure = load.memory_pressure
     if pressure is not None and ready_capacity > 0:
@@ -182,7 +200,9 @@ def role_need(
     wanted = max(grow, default=0.0)
     floor = max(floors, default=0.0)
     grow_to = wanted if wanted > placeable_capacity * (1 + EPSILON) else None
-    shrink_to = floor if predictable and floor < placeable_capacity * (1 - EPSILON) else None
+    # Shrinking only when it removes a replica: a floor between the smaller and the current
+    # capacity keeps the size, and leaves the probe its chance.
+    shrink_to = floor if predictable and floor <= smaller_capacity * (1 + EPSILON) else None
     quiet = ratio is not None and ratio < PROBE_RATIO
     roomy = pressure is None or pressure < KV_SCALE_DOWN
     return Need(

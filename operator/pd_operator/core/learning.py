@@ -14,20 +14,27 @@ estimate. After that every observation corrects it by what the latency says abou
 An estimate known only as a lower bound is replaced outright by the first observation near or
 over the target.
 
+A latency percentile is read from a histogram, so it is only known to lie in its bucket. A
+reading near the target counts as "at the SLO" only when its bucket is narrow (vLLM's ITL bucket
+from 10 to 25 ms holds any P50 between them, interpolated to about 17.5 ms whatever the load), and
+as "well under" only when the whole bucket is within the tolerance. A reading that cannot tell
+teaches nothing; the estimate stays what the profile or earlier observations made it.
+
 Signals are per role, so one role's observation corrects all its pools by the same factor: the
 pools keep their relative speeds (from profiles, else cards per replica).
 """
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.hardware import HARDWARE_PROFILES, MODEL_PROFILES, ModelProfile
 from pd_operator.core.perfmodel import (
+    PrefillCoefficients,
     decode_itl_ms,
     max_concurrent_sequences,
     model_load_seconds,
-    prefill_tokens_per_second_per_card,
 )
 from pd_operator.core.policy_state import CapacityBasis
 
@@ -35,6 +42,9 @@ from pd_operator.core.policy_state import CapacityBasis
 BREACH_RATIO = 1.1
 # Latency/target under which the served rate only bounds capacity from below.
 LEARN_LOW_RATIO = 0.85
+# A latency bucket spanning more than this factor (upper/lower bound) cannot tell a replica at
+# its SLO capacity from one at half of it: readings in it do not count as "near the target".
+MAX_BUCKET_SPAN = 2.0
 # Weight of one near-target observation in the moving average.
 EMA_WEIGHT = 0.3
 # In a breach the served rate is divided by the latency ratio (a linear latency model) to
@@ -46,6 +56,10 @@ MAX_BREACH_CORRECTION = 1.25
 DEFAULT_PROMPT_TOKENS = 4096
 # Tokens per prefill batch: vLLM's default max_num_batched_tokens on large cards.
 PREFILL_BATCH_TOKENS = 8192
+# Prompt lengths are not in the signals, only their mean. Assumption: they vary like an
+# exponential distribution (squared coefficient of variation 1, the maximum-entropy choice for
+# a known mean); the traces in ../shared/traces measure 0.9-1.7, and learning corrects the rest.
+PROMPT_LENGTH_CV2 = 1.0
 # Decode batches searched for the seed; engines default to at most 1024 sequences.
 MAX_DECODE_BATCH = 1024
 
@@ -56,13 +70,21 @@ def model_profile_for(model_name: str) -> ModelProfile | None:
 
 
 def seed_capacity(
-    spec: PDDeploymentSpec, role: Role, pool: PoolSpec, prompt_tokens: int
+    spec: PDDeploymentSpec,
+    role: Role,
+    pool: PoolSpec,
+    prompt_tokens: int,
+    *,
+    prompt_length_cv2: float = 0.0,
 ) -> float | None:
     """Tokens/s per replica from the performance model, or None when the profiles are unknown.
 
-    Prefill: prompts of `prompt_tokens` in batches of up to PREFILL_BATCH_TOKENS. Decode: the
-    largest batch of sequences holding `prompt_tokens` of context whose ITL meets the target and
-    whose KV cache fits, at that batch's token rate.
+    Prefill: prompts of mean length `prompt_tokens` in batches of up to PREFILL_BATCH_TOKENS,
+    whose lengths vary with squared coefficient of variation `prompt_length_cv2` (0: all the
+    same length, as a fixed-length benchmark measures). Attention costs the square of a prompt's
+    length, so varied lengths cost more than prompts of the mean length. Decode: the largest
+    batch of sequences holding `prompt_tokens` of context whose ITL meets the target and whose
+    KV cache fits, at that batch's token rate (linear in the context: the mean is enough).
     """
     hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
     model = model_profile_for(spec.model.name)
@@ -71,8 +93,12 @@ def seed_capacity(
     cards = pool.accelerator.per_replica
     if role == "prefill":
         batch = max(1, PREFILL_BATCH_TOKENS // prompt_tokens)
-        per_card = prefill_tokens_per_second_per_card(hardware, model, cards, prompt_tokens, batch)
-        return per_card * cards
+        coefficients = PrefillCoefficients.from_profiles(hardware, model, cards)
+        squares = (1 + prompt_length_cv2) * prompt_tokens**2
+        batch_ms = coefficients.a_ms + batch * (
+            coefficients.b_ms_per_token * prompt_tokens + coefficients.c_ms_per_token2 * squares
+        )
+        return batch * prompt_tokens / (batch_ms / 1000)
     most = min(MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, prompt_tokens))
     if most < 1:
         return None  # the weights, or one sequence's KV, do not fit
@@ -100,6 +126,20 @@ def _breach_correction(latency_ratio: float) -> float:
     return min(latency_ratio, MAX_BREACH_CORRECTION) if latency_ratio > BREACH_RATIO else 1.0
 
 
+Evidence = Literal["breach", "near", "under"]
+
+
+def latency_evidence(ratio: float, bucket: tuple[float, float] | None) -> Evidence | None:
+    """What a latency reading (observed/target, in its histogram bucket, also /target; None:
+    exact) says about the load: past the SLO capacity, at it, under it, or nothing certain."""
+    if ratio > BREACH_RATIO or (bucket is not None and bucket[0] >= 1):
+        return "breach"  # past the target for sure: what is served bounds the capacity
+    lower, upper = bucket or (ratio, ratio)
+    if ratio >= LEARN_LOW_RATIO:
+        return "near" if lower > 0 and upper <= MAX_BUCKET_SPAN * lower else None
+    return "under" if upper <= BREACH_RATIO else None
+
+
 @dataclass(frozen=True)
 class RoleCapacity:
     """Per-replica capacity of a role's pools, and how it was obtained.
@@ -110,29 +150,33 @@ class RoleCapacity:
 
     per_replica: Mapping[str, float]
     basis: CapacityBasis | None
+    # With profile seeds, the learned correction: estimate / seed. The seeds follow the prompt
+    # length the role sees now; the factor carries what observation taught (the engine's real
+    # efficiency, the prompt mix), so a change of prompt length does not undo the learning.
+    # None without seeds: the estimates themselves are remembered.
+    factor: float | None = None
 
 
-def _fill_missing(
-    spec: PDDeploymentSpec,
-    role: Role,
-    known: dict[str, float],
-    basis: CapacityBasis | None,
-    prompt_tokens: int,
-) -> CapacityBasis | None:
-    pools = spec.pools(role)
-    for pool in pools:
-        if pool.name not in known:
-            seed = seed_capacity(spec, role, pool, prompt_tokens)
-            if seed is not None:
-                known[pool.name] = seed
-                basis = basis or "profile"
+def _per_card_fill(pools: Sequence[PoolSpec], known: dict[str, float]) -> None:
+    """A pool without an estimate runs at the known pools' average rate per card."""
     if known and len(known) < len(pools):
-        # A pool without a profile runs at the known pools' average rate per card.
         cards = sum(p.accelerator.per_replica for p in pools if p.name in known)
         per_card = sum(known.values()) / cards
         for pool in pools:
             known.setdefault(pool.name, per_card * pool.accelerator.per_replica)
-    return basis
+
+
+def seeds(spec: PDDeploymentSpec, role: Role, prompt_tokens: int) -> dict[str, float]:
+    """Profile seeds of a role's pools for prompts of mean length `prompt_tokens`; empty when
+    no pool of the role has a known profile."""
+    pools = spec.pools(role)
+    known: dict[str, float] = {}
+    for pool in pools:
+        seed = seed_capacity(spec, role, pool, prompt_tokens, prompt_length_cv2=PROMPT_LENGTH_CV2)
+        if seed is not None:
+            known[pool.name] = seed
+    _per_card_fill(pools, known)
+    return known
 
 
 def estimate_capacity(
@@ -145,37 +189,58 @@ def estimate_capacity(
     served_tokens_per_second: float | None,
     latency_ratio: float | None,
     prompt_tokens: int,
+    latency_bucket: tuple[float, float] | None = None,
+    factor: float | None = None,
+    saturated: bool = False,
 ) -> RoleCapacity:
-    """This interval's capacity estimate: the remembered one (or seeds), corrected by what the
-    ready replicas serve at the latency they show."""
+    """This interval's capacity estimate, corrected by what the ready replicas serve at the
+    latency they show: the seeds times the learned `factor`, or without seeds the remembered
+    estimates. `saturated`: the replicas were busy all the time (prefill requests waiting), so
+    in a breach what they served is their throughput, the quantity prefill seeds estimate."""
     pools: Sequence[PoolSpec] = spec.pools(role)
-    known = {p.name: remembered[p.name] for p in pools if p.name in remembered}
-    if known and basis is None:
-        basis = "lower-bound"  # a remembered value of unknown origin: trust it least
-    basis = _fill_missing(spec, role, known, basis, prompt_tokens)
+    known = seeds(spec, role, prompt_tokens)
+    from_seeds = bool(known)
+    scale = 1.0 if factor is None else factor
+    if from_seeds:
+        known = {name: value * scale for name, value in known.items()}
+        if factor is None or basis is None:
+            basis = "profile"
+    else:
+        known = {p.name: remembered[p.name] for p in pools if p.name in remembered}
+        if known and basis is None:
+            basis = "lower-bound"  # a remembered value of unknown origin: trust it least
+        _per_card_fill(pools, known)
+
+    def result(
+        per_replica: dict[str, float], change: float, how: CapacityBasis | None
+    ) -> RoleCapacity:
+        return RoleCapacity(per_replica, how, scale * change if from_seeds else None)
+
     served = served_tokens_per_second or 0.0
-    ratio = latency_ratio if served > 0 else None  # idle replicas say nothing about capacity
+    # Idle replicas say nothing about capacity, nor does a reading its bucket cannot resolve.
+    evidence = None if latency_ratio is None else latency_evidence(latency_ratio, latency_bucket)
+    ratio = latency_ratio if served > 0 and evidence else None
     if not known:
         ready_cards = sum(ready.get(p.name, 0) * p.accelerator.per_replica for p in pools)
         cards = {p.name: float(p.accelerator.per_replica) for p in pools}
         if ratio is None or ready_cards == 0:
             return RoleCapacity(cards, None)
         per_card = served / ready_cards / _breach_correction(ratio)
-        first: CapacityBasis = "observed" if ratio >= LEARN_LOW_RATIO else "lower-bound"
+        first: CapacityBasis = "lower-bound" if evidence == "under" else "observed"
         return RoleCapacity({name: per_card * c for name, c in cards.items()}, first)
     estimated = sum(ready.get(name, 0) * value for name, value in known.items())
     if ratio is None or estimated <= 0:
-        return RoleCapacity(known, basis)
+        return result(known, 1.0, basis)
     measured = served / estimated  # what the estimate must be multiplied by to match
     # A lower bound is no estimate to average with: the first observation at or past the SLO
     # replaces it.
     from_below = basis == "lower-bound"
-    if ratio > BREACH_RATIO:
-        bound = measured / _breach_correction(ratio)
-        factor, basis = (bound if from_below else min(1.0, bound)), "observed"
-    elif ratio >= LEARN_LOW_RATIO:
-        factor = measured if from_below else 1 + EMA_WEIGHT * (measured - 1)
+    if evidence == "breach":
+        bound = measured if saturated else measured / _breach_correction(ratio)
+        change, basis = (bound if from_below else min(1.0, bound)), "observed"
+    elif evidence == "near":
+        change = measured if from_below else 1 + EMA_WEIGHT * (measured - 1)
         basis = "observed"
     else:
-        factor = max(1.0, measured)
-    return RoleCapacity({name: value * factor for name, value in known.items()}, basis)
+        change = max(1.0, measured)
+    return result({name: value * change for name, value in known.items()}, change, basis)

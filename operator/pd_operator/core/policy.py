@@ -20,6 +20,7 @@ from pd_operator.core.allocation import (
     one_less,
     ratio_percent,
     record,
+    record_ready,
     repair_ratio,
     shrink,
     stabilize,
@@ -29,6 +30,7 @@ from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.control_law import RoleLoad, backlogged, read_load, role_need
 from pd_operator.core.decision import Decision, Observation, PoolDecision, PoolObservation
 from pd_operator.core.learning import (
+    BREACH_RATIO,
     DEFAULT_PROMPT_TOKENS,
     RoleCapacity,
     estimate_capacity,
@@ -49,6 +51,10 @@ WORSE_FACTOR = 1.2
 # models take minutes to load and warm up.
 DEFAULT_LOAD_SECONDS = 300.0
 LOAD_EMA_WEIGHT = 0.5
+# A breach that a scale-up lowered by less than this share, once the new replicas served a
+# whole window and the demand did not grow, is not one that replicas fix: a latency floor above
+# the target (prompts too long for it, a percentile in the tail of a few such requests).
+FUTILE_IMPROVEMENT = 0.1
 # What limited a pool's recommendation before the windows and steps, in words.
 RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "capacity": "no room on the nodes for more",
@@ -77,6 +83,19 @@ class _Pool:
     @property
     def current(self) -> int:
         return self.seen.replicas
+
+    def window_ready(self, now: float, window: float) -> tuple[int, bool]:
+        """The fewest replicas Ready at any time in the last window, and whether the Ready count
+        held all that window (then the window's signals describe the replicas Ready now)."""
+        runs, ready = self.memory.ready_runs, self.seen.ready
+        start = now - window
+        ends = [since for since, _ in runs[1:]] + [now]
+        counts = [ready] + [
+            count for (_, count), end in zip(runs, ends, strict=False) if end > start
+        ]
+        # The first run is when the policy started watching, not a change.
+        settled = not runs or (runs[-1][1] == ready and (len(runs) == 1 or runs[-1][0] <= start))
+        return min(counts), settled
 
     def slot(self) -> Slot:
         blocked = self.seen.unschedulable > 0
@@ -108,27 +127,95 @@ def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | 
 
 
 def _capacity(
-    spec: PDDeploymentSpec, role: Role, state: PolicyState, load: RoleLoad, pools: list[_Pool]
+    spec: PDDeploymentSpec,
+    role: Role,
+    *,
+    state: PolicyState,
+    loads: dict[Role, RoleLoad],
+    pools: list[_Pool],
+    now: float,
 ) -> RoleCapacity:
+    load = loads[role]
     remembered = {
         p.spec.name: p.memory.capacity_per_replica
         for p in pools
         if p.memory.capacity_per_replica is not None
     }
-    prompt = load.mean_prompt_tokens or min(
-        spec.model.context_length or DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS
+    # Decode engines may not count the prompts whose KV cache they receive: the prompts
+    # prefill served are the same ones.
+    prompt = (
+        load.mean_prompt_tokens
+        or loads["prefill"].mean_prompt_tokens
+        or min(spec.model.context_length or DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS)
     )
-    active = load.status == "active"
+    # Signals over a window in which replicas became Ready (or left) mix two sizes: what they
+    # say per replica is wrong either way, so they teach nothing until the window has passed.
+    settled = all(p.window_ready(now, spec.slo.window_seconds)[1] for p in pools)
+    # A futile breach says nothing about capacity: replicas were not what it lacked.
+    active = load.status == "active" and settled and not load.futile
+    memory = state.role(role)
     return estimate_capacity(
         spec,
         role,
         remembered=remembered,
-        basis=state.role(role).capacity_basis,
+        basis=memory.capacity_basis,
+        factor=memory.capacity_factor,
         ready={p.spec.name: p.seen.ready for p in pools},
         served_tokens_per_second=load.served_tokens_per_second if active else None,
         latency_ratio=load.latency_ratio if active else None,
         prompt_tokens=max(1, round(prompt)),
+        latency_bucket=load.latency_bucket,
+        saturated=load.saturated,
     )
+
+
+def _drained_by_new_replicas(
+    spec: PDDeploymentSpec, load: RoleLoad, pools: list[_Pool], now: float
+) -> RoleLoad:
+    """Mark the load when replicas became Ready within the window: the queue built up before
+    they served, and they drain it now."""
+    window = spec.slo.window_seconds
+    arrived = any(p.window_ready(now, window)[0] < p.seen.ready for p in pools)
+    return replace(load, queue_drained=True) if arrived else load
+
+
+def _futility(
+    spec: PDDeploymentSpec, pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float
+) -> tuple[float | None, bool]:
+    """The breach more replicas did not lower (None: none), and whether the last scale-up was
+    judged now (its replicas have served a whole window).
+
+    A futile breach stays futile while it is no more than WORSE_FACTOR above the one recorded;
+    it ends when the latency comes back within the tolerance.
+    """
+    ratio = load.latency_ratio
+    if load.status != "active" or ratio is None:
+        return None, False
+    if (
+        memory.futile_ratio is not None
+        and BREACH_RATIO < ratio <= memory.futile_ratio * WORSE_FACTOR
+    ):
+        return memory.futile_ratio, False
+    before, demand_before = memory.latency_ratio_at_scale_up, memory.demand_at_scale_up
+    window = spec.slo.window_seconds
+    settled = all(p.window_ready(now, window)[1] and p.memory.scaled_up_to is None for p in pools)
+    if before is None or not settled:
+        return None, False
+    if ratio <= BREACH_RATIO or before <= BREACH_RATIO:
+        return None, True
+    # More load on each replica than at the scale-up would explain a breach that stayed.
+    demand, ready = load.demand_tokens_per_second, sum(p.seen.ready for p in pools)
+    ready_before = memory.ready_at_scale_up
+    more_load = (
+        demand is None
+        or demand_before is None
+        or not ready_before
+        or ready <= ready_before
+        or demand / ready > demand_before / ready_before
+    )
+    if ratio >= before * (1 - FUTILE_IMPROVEMENT) and not more_load:
+        return ratio, True
+    return None, True
 
 
 def _warm_up_gate(pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float) -> bool:
@@ -169,7 +256,10 @@ def _decide_role(
     if load.status == "idle":
         raw = {p.spec.name: p.spec.replicas.min for p in pools}
     else:
-        ready = sum(min(p.seen.ready, p.placeable) * p.weight for p in pools)
+        # The latency was produced by the replicas Ready over the window: ones that became Ready
+        # within it have not shown their effect yet.
+        window = spec.slo.window_seconds
+        ready = sum(min(p.window_ready(now, window)[0], p.placeable) * p.weight for p in pools)
         placeable = sum(s.placeable * s.weight for s in slots)
         need = role_need(load, capacity, ready, placeable, one_less(slots))
         if need.grow_to is not None:
@@ -280,6 +370,7 @@ def _remember(
     *,
     loads: dict[Role, RoleLoad],
     capacities: dict[Role, RoleCapacity],
+    futility: dict[Role, tuple[float | None, bool]],
     now: float,
 ) -> PolicyState:
     keep = max(
@@ -294,15 +385,28 @@ def _remember(
                 _warm_up(spec, pool, now),
                 recommendations=record(pool.memory.recommendations, now, pool.raw, keep),
                 since=now if pool.memory.since is None else pool.memory.since,
+                ready_runs=record_ready(
+                    pool.memory.ready_runs, now, pool.seen.ready, spec.slo.window_seconds
+                ),
                 capacity_per_replica=(
                     capacity.per_replica[pool.spec.name] if capacity.basis else None
                 ),
             )
         grew = any(p.value > p.current for p in work[role])
+        futile, judged = futility[role]
+        # A scale-up is judged once, when its replicas have served a window.
+        kept = RoleMemory() if judged else old
         roles[role] = RoleMemory(
             capacity_basis=capacity.basis,
-            latency_ratio_at_scale_up=load.latency_ratio if grew else old.latency_ratio_at_scale_up,
-            demand_at_scale_up=(load.demand_tokens_per_second if grew else old.demand_at_scale_up),
+            capacity_factor=capacity.factor,
+            latency_ratio_at_scale_up=(
+                load.latency_ratio if grew else kept.latency_ratio_at_scale_up
+            ),
+            demand_at_scale_up=(load.demand_tokens_per_second if grew else kept.demand_at_scale_up),
+            ready_at_scale_up=(
+                sum(p.seen.ready for p in work[role]) if grew else kept.ready_at_scale_up
+            ),
+            futile_ratio=futile,
             no_traffic_since=_since(old.no_traffic_since, now, load.status == "idle"),
             unavailable_since=_since(old.unavailable_since, now, load.status == "unavailable"),
             stuck_since=_since(old.stuck_since, now, load.nothing_finished),
@@ -358,7 +462,17 @@ def decide(
         )
         for role in ROLES
     }
-    capacities = {role: _capacity(spec, role, state, loads[role], work[role]) for role in ROLES}
+    futility: dict[Role, tuple[float | None, bool]] = {}
+    for role in ROLES:
+        loads[role] = _drained_by_new_replicas(spec, loads[role], work[role], now)
+        futility[role] = _futility(spec, work[role], loads[role], state.role(role), now)
+        if futility[role][0] is not None:
+            note = f"{loads[role].note}; the last scale-up did not lower this breach"
+            loads[role] = replace(loads[role], futile=True, note=note)
+    capacities = {
+        role: _capacity(spec, role, state=state, loads=loads, pools=work[role], now=now)
+        for role in ROLES
+    }
     for role in ROLES:
         for pool in work[role]:
             pool.weight = capacities[role].per_replica[pool.spec.name]
@@ -381,7 +495,9 @@ def decide(
         if role == "decode" and backlogged(loads[role]) and not grew:
             decode_short = short  # decode is full: more prefill would only queue KV at it
     ratio_note = _apply_ratio(spec, work, loads, ledger)
-    new_state = _remember(spec, state, work, loads=loads, capacities=capacities, now=now)
+    new_state = _remember(
+        spec, state, work, loads=loads, capacities=capacities, futility=futility, now=now
+    )
     words = [_role_words(r, work[r], loads[r], new_state.role(r), now) for r in ROLES]
     details = tuple(
         PoolDecision(

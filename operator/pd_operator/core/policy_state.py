@@ -40,6 +40,9 @@ class PoolMemory:
     scaled_up_at: float | None = None
     scaled_up_to: int | None = None
     ready_by: float | None = None
+    # Ready replicas over the last SLO window, as (since, ready) runs, oldest first: signals
+    # over the window come from these replicas, not only from those Ready now.
+    ready_runs: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,13 @@ class RoleMemory:
     """What the policy remembers about one role."""
 
     capacity_basis: CapacityBasis | None = None
+    # Learned capacity / profile seed (see `core.learning.RoleCapacity.factor`).
+    capacity_factor: float | None = None
     latency_ratio_at_scale_up: float | None = None  # observed/target at the last up-decision
     demand_at_scale_up: float | None = None  # tokens/s at the last up-decision
+    ready_at_scale_up: int | None = None  # Ready replicas of the role at the last up-decision
+    # A breach (observed/target) that a scale-up did not lower: not one replicas fix.
+    futile_ratio: float | None = None
     no_traffic_since: float | None = None
     unavailable_since: float | None = None
     stuck_since: float | None = None  # requests held, none finished
@@ -72,8 +80,8 @@ class PolicyState:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready form."""
         return {
-            "pools": {key: asdict(memory) for key, memory in sorted(self.pools.items())},
-            "roles": {key: asdict(memory) for key, memory in sorted(self.roles.items())},
+            "pools": {key: _plain(asdict(memory)) for key, memory in sorted(self.pools.items())},
+            "roles": {key: _plain(asdict(memory)) for key, memory in sorted(self.roles.items())},
         }
 
     @classmethod
@@ -91,6 +99,15 @@ class PolicyState:
         return cls(pools=pools, roles=roles)
 
 
+def _plain(value: Any) -> Any:
+    """Tuples as lists, so the form is exactly what JSON gives back."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return value
+
+
 def _number(value: Any) -> float | None:
     if value is None:
         return None
@@ -100,21 +117,47 @@ def _number(value: Any) -> float | None:
 
 
 def _pool_memory(data: Mapping[str, Any]) -> PoolMemory:
-    known = {f.name for f in fields(PoolMemory)} - {"recommendations", "scaled_up_to"}
+    known = {f.name for f in fields(PoolMemory)} - {
+        "recommendations",
+        "scaled_up_to",
+        "ready_runs",
+    }
     values = {name: _number(data.get(name)) for name in known}
     history = tuple(
-        (float(first), float(last), int(replicas))
+        (_time(first), _time(last), _count(replicas))
         for first, last, replicas in data.get("recommendations") or ()
     )
+    ready = tuple((_time(since), _count(count)) for since, count in data.get("ready_runs") or ())
     target = data.get("scaled_up_to")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, int)):
-        raise ValueError(f"not a replica count: {target!r}")
-    return PoolMemory(recommendations=history, scaled_up_to=target, **values)
+    return PoolMemory(
+        recommendations=history,
+        scaled_up_to=None if target is None else _count(target),
+        ready_runs=ready,
+        **values,
+    )
+
+
+def _time(value: Any) -> float:
+    number = _number(value)
+    if number is None:
+        raise ValueError("a time is missing")
+    return number
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"not a replica count: {value!r}")
+    return value
 
 
 def _role_memory(data: Mapping[str, Any]) -> RoleMemory:
     basis = data.get("capacity_basis")
     if basis is not None and basis not in get_args(CapacityBasis):
         raise ValueError(f"unknown capacity basis {basis!r}")
-    known = {f.name for f in fields(RoleMemory)} - {"capacity_basis"}
-    return RoleMemory(capacity_basis=basis, **{name: _number(data.get(name)) for name in known})
+    known = {f.name for f in fields(RoleMemory)} - {"capacity_basis", "ready_at_scale_up"}
+    ready = data.get("ready_at_scale_up")
+    return RoleMemory(
+        capacity_basis=basis,
+        ready_at_scale_up=None if ready is None else _count(ready),
+        **{name: _number(data.get(name)) for name in known},
+    )
