@@ -93,3 +93,51 @@ DYNAMO = EngineMetricNames(
     cache_hit_tokens=None,
     cache_query_tokens=None,
 )
+
+
+@dataclass(frozen=True)
+class LatencyBounds:
+    """Upper bounds (seconds) of an engine's default latency histograms: what the simulator
+    writes, and the resolution of any `histogram_quantile` the operator reads."""
+
+    ttft: tuple[float, ...]
+    itl: tuple[float, ...]
+    e2e: tuple[float, ...]
+
+
+# fmt: off
+# vLLM: vllm/v1/metrics/loggers.py, PrometheusStatLogger (vllm:time_to_first_token_seconds,
+# vllm:inter_token_latency_seconds, vllm:e2e_request_latency_seconds' request_latency_buckets).
+VLLM_BOUNDS = LatencyBounds(
+    ttft=(
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+        10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    ),
+    itl=(
+        0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0,
+    ),
+    e2e=(
+        0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+        240.0, 480.0, 960.0, 1920.0, 7680.0,
+    ),
+)
+# SGLang: python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector
+# (bucket_time_to_first_token, bucket_inter_token_latency, bucket_e2e_request_latency).
+SGLANG_BOUNDS = LatencyBounds(
+    ttft=(
+        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+        200.0, 400.0,
+    ),
+    itl=(
+        0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+        0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+    ),
+    e2e=(
+        0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+        200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
+    ),
+)
+# fmt: on
+# Per `spec.model.engine`.
+DEFAULT_BOUNDS = {"VLLM": VLLM_BOUNDS, "SGLang": SGLANG_BOUNDS}

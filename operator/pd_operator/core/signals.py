@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pd_operator.core.engine_metrics import DEFAULT_BOUNDS
+
 
 class ReadingKind(StrEnum):
     VALUE = "Value"
@@ -75,35 +77,11 @@ class RoleSignals:
     generation_tokens_per_second: Reading = NOT_READ
 
 
-# Upper bounds (seconds) of the engines' default latency histograms: the resolution of any
-# `histogram_quantile` the adapter reads. vLLM: vllm/v1/metrics/loggers.py,
-# PrometheusStatLogger (vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds).
-# SGLang: python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector
-# (bucket_time_to_first_token, bucket_inter_token_latency).
-# fmt: off
+# The resolution of any `histogram_quantile` the adapter reads, per engine and role.
 LATENCY_BUCKETS: dict[str, dict[str, tuple[float, ...]]] = {
-    "VLLM": {
-        "prefill": (
-            0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-        ),
-        "decode": (
-            0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0,
-        ),
-    },
-    "SGLang": {
-        "prefill": (
-            0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
-            200.0, 400.0,
-        ),
-        "decode": (
-            0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
-            0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
-        ),
-    },
+    engine: {"prefill": bounds.ttft, "decode": bounds.itl}
+    for engine, bounds in DEFAULT_BOUNDS.items()
 }
-# fmt: on
 
 
 def bucket_of(bounds: tuple[float, ...], value: float) -> tuple[float, float]:
