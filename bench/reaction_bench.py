@@ -1,6 +1,6 @@
 """Benchmark: the autoscaler's reaction time in the closed loop.
 
-The setup is the closed-loop test's (tests/integration/test_closed_loop.py): a local control
+The setup is the closed-loop test's (tests/closedloop.py): a local control
 plane, the mock scheduler's virtual nodes whose Ready pods serve the engine simulator 20 times
 faster than the wall clock, a real Prometheus scraping them, and the operator running in this
 process. Each trial starts from one prefill replica under a light load that then steps to a load
@@ -25,7 +25,6 @@ independent (nothing learned carries over) and the reset is bounded: tear down a
 
 import argparse
 import contextlib
-import copy
 import json
 import math
 import statistics
@@ -35,7 +34,6 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,101 +41,34 @@ from typing import Any
 from kubernetes import client, config, watch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from closedloop import (
+    BREACHING,
+    INTERVAL,
+    LIGHT,
+    NAME,
+    PROFILE,
+    STEP_S,
+    TIME_SCALE,
+    TTFT_TARGET_MS,
+    WINDOW,
+    load,
+    pdd_body,
+)
 from kubetools import RunningOperator, create_pdd, wait_for
 from pd_operator.adapters.promql import VLLM, quantile_query
 from pd_operator.core.naming import deployment_name
 from pd_operator.localcluster import LocalCluster, LocalPrometheus
 from pd_operator.sim.cluster import SimCluster
 from pd_operator.sim.profile import parse_profile
-from pd_operator.sim.scheduler import SCHEDULER_NAME
-from pd_operator.sim.workload import RateProfile, RateSegment, TokenLengths, synthetic_requests
-from pdcases import ROOT, load_sample
 
-# The closed-loop test's operating point (see its module docstring for the load levels): one
-# S5000 prefill replica meets a 250 ms P50 TTFT at 1 request per simulated second and breaches
-# it at 5; two replicas meet it at 5.
-NAME = "glm"
-TIME_SCALE = 0.05
-INTERVAL = 5  # decision interval, wall seconds
-WINDOW = 10  # SLO window, wall seconds (1 s scrapes)
-TTFT_TARGET_MS = 250
-LENGTHS = TokenLengths(4000, 200, 1.0, 1.0)
-STEP_S = 300  # simulated seconds of light load before the step (15 wall seconds)
-LIGHT, BREACHING = 1.0, 5.0  # requests per simulated second
+# The closed-loop test's operating point (tests/closedloop.py): one S5000 prefill replica meets
+# a 250 ms P50 TTFT at LIGHT load and breaches it at BREACHING; two replicas meet it.
 POLL_S = 0.25  # how often Prometheus is asked whether the breach is visible
 PREFILL = deployment_name(NAME, "prefill", "s5000")
 # Per-trial bounds, wall seconds.
 READY_TIMEOUT = 90  # until a Ready prefill and decode pod serve the load
 REACTION_TIMEOUT = WINDOW + 6 * INTERVAL  # from the step until breach and growth are both seen
 MAX_TRIALS = 20
-
-PROFILE = {
-    "name": "reaction-bench",
-    "nodeGroups": [
-        {
-            "name": "s5000",
-            "count": 2,
-            "instanceType": "mtt-s5000-x8",
-            "cpu": "32",
-            "memory": "256Gi",
-            "labels": {"mthreads.com/gpu.product": "MTT-S5000"},
-            "taints": [{"key": "mthreads.com/gpu", "effect": "NoSchedule"}],
-            "accelerators": [
-                {"resourceName": "mthreads.com/gpu", "perNode": 8, "profile": "mtt-s5000"}
-            ],
-        },
-        {
-            "name": "h200",
-            "count": 1,
-            "instanceType": "nvidia-h200-x8",
-            "cpu": "32",
-            "memory": "256Gi",
-            "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"},
-            "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
-            "accelerators": [{"resourceName": "nvidia.com/gpu", "perNode": 8, "profile": "h200"}],
-        },
-    ],
-}
-
-
-def step_load(seed: int) -> Iterator[Any]:
-    """LIGHT for STEP_S simulated seconds, then BREACHING for ever."""
-    profile = RateProfile(
-        (
-            RateSegment(0.0, STEP_S, LIGHT, LIGHT),
-            RateSegment(STEP_S, math.inf, BREACHING, BREACHING),
-        )
-    )
-    return synthetic_requests(profile, LENGTHS, seed=seed)
-
-
-def pdd_body(prometheus_url: str) -> dict[str, Any]:
-    """The closed-loop test's PDDeployment: prefill 1..2 on S5000, decode 1 on H200, no
-    performance profile (capacity is learned from Prometheus), scale-up without stabilization."""
-    body = copy.deepcopy(load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"))
-    body["metadata"]["name"] = NAME
-    spec = body["spec"]
-    spec["slo"] = {
-        "ttft": {"percentile": "P50", "targetMilliseconds": TTFT_TARGET_MS},
-        "itl": {"percentile": "P50", "targetMilliseconds": 25},
-        "windowSeconds": WINDOW,
-    }
-    (prefill,) = spec["prefill"]["pools"]
-    prefill["replicas"] = {"min": 1, "max": 2}
-    (decode,) = spec["decode"]["pools"]
-    decode["replicas"] = {"min": 1, "max": 1}
-    for role in ("prefill", "decode"):
-        for pool in spec[role]["pools"]:
-            pool["template"] = {**pool.get("template", {}), "schedulerName": SCHEDULER_NAME}
-    spec["scaling"] = {
-        "mode": "Active",
-        "intervalSeconds": INTERVAL,
-        "scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 2},
-        "scaleDown": {"stabilizationSeconds": 10, "maxStepReplicas": 1},
-        "prometheus": {"url": prometheus_url},
-        "prefillToDecodeRatio": {"minPercent": 100, "maxPercent": 400},
-    }
-    return body
 
 
 def ttft_seconds(prometheus_url: str, namespace: str) -> float | None:
@@ -264,7 +195,7 @@ def run_trial(
     sim = SimCluster(
         api_client,
         parse_profile(PROFILE),
-        loads={(namespace, NAME): step_load(seed=11 + index)},
+        loads={(namespace, NAME): load((LIGHT, STEP_S), (BREACHING, 0), seed=11 + index)},
         time_scale=TIME_SCALE,
         sd_file=prometheus.targets_dir / f"{namespace}.json",
         name_prefix=f"{namespace}-",

@@ -6,13 +6,10 @@ missing promtool fails these tests, elsewhere they are skipped with the command 
 """
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -24,19 +21,7 @@ RULE_TESTS = ROOT / "deploy" / "prometheus" / "pd-operator-rules.test.yaml"
 CHART_RULES = ROOT / "charts" / "pd-operator" / "files" / "pd-operator-rules.yaml"
 DASHBOARD = ROOT / "charts" / "pd-operator" / "files" / "grafana-dashboard.json"
 OBSERVABILITY = (ROOT / "docs" / "observability.md").read_text()
-FIX = "make testenv  (installs Debian's prometheus package, which ships promtool)"
 METRIC = re.compile(r"\b(pd_operator_[a-z0-9_]+|up)\b")
-
-
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    found = shutil.which("promtool")
-    if found:
-        return Path(found)
-    message = "promtool not found on PATH"
-    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-        pytest.fail(message, pytrace=False)
-    pytest.skip(f"{message}\n  fix: {FIX}")
 
 
 def run(argv: list[str | Path], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

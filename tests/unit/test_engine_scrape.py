@@ -11,7 +11,6 @@ with CI=true a missing one fails these tests, elsewhere they are skipped with th
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -44,17 +43,6 @@ FIX = "make testenv  (installs Debian's prometheus package, which ships promtool
 # The labels an engine series must carry: the autoscaler's grouping, and the pool.
 WANTED = (*GROUP_LABELS, "pool")
 Target = dict[str, Any]  # a static_configs entry: {"targets": [...], "labels": {...}}
-
-
-@pytest.fixture(scope="module")
-def promtool() -> Path:
-    found = shutil.which("promtool")
-    if found:
-        return Path(found)
-    message = "promtool not found on PATH"
-    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-        pytest.fail(message, pytrace=False)
-    pytest.skip(f"{message}\n  fix: {FIX}")
 
 
 @pytest.fixture(scope="module")
