@@ -230,12 +230,12 @@ def _simulate(args: argparse.Namespace) -> int:
             time_compression=args.time_compression,
             seed=args.seed,
         )
-        requests = load_trace(args.trace, options)
+        requests = load_trace(args.trace, options.with_warmup(args.warmup))
     else:
         lengths = TokenLengths(
             args.input_tokens, args.output_tokens, 1.0, 1.0, cached_fraction=args.cache_hit
         )
-        profile = constant_rate(args.rate, args.duration or 600.0)
+        profile = constant_rate(args.rate, (args.duration or 600.0) + args.warmup)
         requests = list(synthetic_requests(profile, lengths, seed=args.seed))
     prices = _key_values(args.price)
     cluster = (
@@ -255,7 +255,14 @@ def _simulate(args: argparse.Namespace) -> int:
     for name in args.policy or ["pd-operator"]:
         results.append(
             simulate(
-                spec, requests, name, model=model, cluster=cluster, timing=timing, progress=bar
+                spec,
+                requests,
+                name,
+                model=model,
+                cluster=cluster,
+                timing=timing,
+                warmup_s=args.warmup,
+                progress=bar,
             )
         )
         if bar:
@@ -380,6 +387,13 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     sim.add_argument("--rate-window", type=float, help="seconds (default: spec windowSeconds)")
     sim.add_argument("--decision-interval", type=float, help="seconds (default: spec)")
     sim.add_argument("--load-seconds", type=float, help="model-load delay (default: profile)")
+    sim.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="seconds of load replayed before the window and not counted (policies start warm); "
+        "a trace with less before --start has its window moved to this many seconds in",
+    )
     sim.add_argument("-o", "--format", choices=["table", "json"], default="table")
     sim.add_argument("--output", help="write the full JSON result (per request) here")
     sim.add_argument(

@@ -14,7 +14,7 @@ import time
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TextIO
@@ -830,13 +830,23 @@ def simulate(
     model: ModelProfile,
     cluster: Cluster | None = None,
     timing: Timing = Timing(),
+    warmup_s: float = 0.0,
     progress: Callable[[Progress], None] | None = None,
 ) -> SimResult:
-    """Replay `requests` (sorted by arrival) under `policy`; see the module docstring."""
+    """Replay `requests` (sorted by arrival) under `policy`; see the module docstring.
+
+    The first `warmup_s` seconds are a warm-up: their requests run through the same engine
+    and policy (queues, prefix caches, replicas and the policy's memory carry over), but the
+    result holds only what happens from `warmup_s` on: the requests arriving from then, the
+    card-hours, cost and scale actions from then, times relative to it. `static-peak` is
+    sized on the measured requests only; the oracle searches the whole span.
+    """
+    if warmup_s < 0:
+        raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
     started = time.perf_counter()
     cluster = cluster or Cluster.fitting(spec)
     fleet = _Fleet(spec, model, cluster, timing.load_seconds)
-    arrivals = Arrivals(requests, _prefill_work(fleet.replica_spec[("prefill", _first(spec))]))
+    arrivals, measured, first_measured = _arrivals(spec, fleet, requests, warmup_s)
     feasible = _feasible(spec, idle_latencies(spec, requests, model))
     chosen = (
         policy
@@ -844,7 +854,7 @@ def simulate(
         else make_policy(
             policy,
             spec,
-            arrivals,
+            measured,
             fleet.room(),
             timing,
             oracle=lambda: oracle_schedule(
@@ -872,11 +882,11 @@ def simulate(
     records: dict[int, RequestRecord] = {}
     held: dict[str, int] = {}
     while True:
-        step_to = min(next_scrape, next_decision)
+        # A step ends at the warm-up's end: card-hours count from it exactly.
+        step_to = min(next_scrape, next_decision, warmup_s if now < warmup_s else math.inf)
         engine.advance_to(step_to)
         held = fleet.cards_by_type()
-        for kind, cards in held.items():
-            card_seconds[kind] = card_seconds.get(kind, 0.0) + cards * (step_to - now)
+        _count_cards(card_seconds, held, max(now, warmup_s), step_to)
         now = step_to
         for record in engine.take_finished():
             records[record.id] = record
@@ -897,7 +907,8 @@ def simulate(
                 replicas=fleet.replicas(),
                 room=fleet.room(),
             )
-            actions += _act(chosen, view, fleet, engine, timeline)
+            changed = _act(chosen, view, fleet, engine, timeline)
+            actions += changed if now >= warmup_s else 0
         if progress:
             progress(Progress(chosen.name, now, last_arrival, len(records), len(requests)))
         past_end = now >= last_arrival
@@ -907,11 +918,15 @@ def simulate(
             break
     if len(records) >= len(requests):
         now = _trim(
-            card_seconds, held, now, max([last_arrival, *(r.finish_s for r in records.values())])
+            card_seconds,
+            held,
+            max(now, warmup_s),
+            max([last_arrival, warmup_s, *(r.finish_s for r in records.values())]),
         )
     outcomes = [
-        _outcome(spec, r, records.get(i), ok)
+        _outcome(spec, _shifted(r, warmup_s), records.get(i), ok)
         for i, (r, ok) in enumerate(zip(requests, feasible, strict=True))
+        if i >= first_measured
     ]
     hours = {k: v / SECONDS_PER_HOUR for k, v in sorted(card_seconds.items())}
     return SimResult(
@@ -920,10 +935,42 @@ def simulate(
         card_hours=hours,
         cost=sum(h * cluster.price(k) for k, h in hours.items()),
         scale_actions=actions,
-        timeline=timeline,
-        end_s=now,
+        timeline=_measured_timeline(timeline, warmup_s),
+        end_s=max(0.0, now - warmup_s),
         wall_s=time.perf_counter() - started,
     )
+
+
+def _arrivals(
+    spec: PDDeploymentSpec, fleet: _Fleet, requests: Sequence[Request], warmup_s: float
+) -> tuple[Arrivals, Arrivals, int]:
+    """Arrivals of the whole replay, of the measured part (shifted to start at 0), and the
+    index of the first measured request."""
+    work = _prefill_work(fleet.replica_spec[("prefill", _first(spec))])
+    arrivals = Arrivals(requests, work)
+    first = bisect_left(arrivals.times, warmup_s)
+    return arrivals, Arrivals([_shifted(r, warmup_s) for r in requests[first:]], work), first
+
+
+def _shifted(request: Request, warmup_s: float) -> Request:
+    return replace(request, arrival_s=request.arrival_s - warmup_s) if warmup_s else request
+
+
+def _count_cards(
+    card_seconds: dict[str, float], held: Mapping[str, int], start: float, end: float
+) -> None:
+    """Add the cards held from `start` to `end` (nothing when the span is empty)."""
+    if end > start:
+        for kind, cards in held.items():
+            card_seconds[kind] = card_seconds.get(kind, 0.0) + cards * (end - start)
+
+
+def _measured_timeline(
+    timeline: Sequence[tuple[float, dict[str, int]]], warmup_s: float
+) -> list[tuple[float, dict[str, int]]]:
+    """The replicas at the end of the warm-up (at 0) and the changes after, shifted to it."""
+    at_start = [replicas for t, replicas in timeline if t <= warmup_s][-1]
+    return [(0.0, at_start), *((t - warmup_s, r) for t, r in timeline if t > warmup_s)]
 
 
 def _act(
@@ -949,7 +996,8 @@ def _trim(
     loop stops at its first step after it, a time set by the policy's interval, not by what
     it served. Returns the end time."""
     for kind, cards in held.items():
-        card_seconds[kind] -= cards * max(0.0, now - stop)
+        if now > stop:
+            card_seconds[kind] = card_seconds.get(kind, 0.0) - cards * (now - stop)
     return min(now, stop)
 
 
@@ -980,8 +1028,11 @@ def parse_cluster(text: str, prices: Mapping[str, float] | None = None) -> Clust
     return Cluster(tuple(types), dict(prices or {}))
 
 
-def example_document(model_name: str = "zai-org/GLM-4.5-FP8") -> dict[str, Any]:
-    """The articles' topology: MTT S5000 prefill, H200 decode, replicas of 8 cards."""
+def example_document(
+    model_name: str = "zai-org/GLM-4.5-FP8", percentile: str = "P50"
+) -> dict[str, Any]:
+    """The articles' topology: MTT S5000 prefill, H200 decode, replicas of 8 cards; TTFT 6 s
+    and ITL 20 ms, both at `percentile` (P99 for a ">= 99% of requests" objective)."""
     pool = {
         "prefill": ("s5000", "mthreads.com/gpu", "mtt-s5000", 16),
         "decode": ("h200", "nvidia.com/gpu", "h200", 8),
@@ -993,8 +1044,8 @@ def example_document(model_name: str = "zai-org/GLM-4.5-FP8") -> dict[str, Any]:
         "spec": {
             "model": {"name": model_name, "image": "vllm/vllm-openai:v0.11.0"},
             "slo": {
-                "ttft": {"percentile": "P50", "targetMilliseconds": 6000},
-                "itl": {"percentile": "P50", "targetMilliseconds": 20},
+                "ttft": {"percentile": percentile, "targetMilliseconds": 6000},
+                "itl": {"percentile": percentile, "targetMilliseconds": 20},
                 "windowSeconds": 60,
             },
             **{

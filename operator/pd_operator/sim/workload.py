@@ -231,6 +231,27 @@ class ReplayOptions:
     def end_s(self) -> float:
         return math.inf if self.duration_s is None else self.start_s + self.duration_s
 
+    def with_warmup(self, warmup_s: float) -> "ReplayOptions":
+        """These options with `warmup_s` replayed seconds of the trace before the window.
+
+        The replay then starts `warmup_s` before the window, which begins at `warmup_s` in
+        replay time (pass it to `simulate(warmup_s=...)`). Where the trace has less than that
+        before `start_s`, the replay starts at the trace's beginning and the window moves
+        later, to `warmup_s` replayed seconds in (`measured_start_s`), keeping its duration.
+        """
+        if warmup_s < 0:
+            raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
+        trace_warmup = warmup_s * self.time_compression
+        return replace(
+            self,
+            start_s=max(0.0, self.start_s - trace_warmup),
+            duration_s=None if self.duration_s is None else self.duration_s + trace_warmup,
+        )
+
+    def measured_start_s(self, warmup_s: float) -> float:
+        """Where the measured window starts in trace time once `with_warmup(warmup_s)`."""
+        return max(self.start_s, warmup_s * self.time_compression)
+
 
 @dataclass(frozen=True, slots=True)
 class _Row:
