@@ -151,7 +151,8 @@ def test_latency_is_never_below_the_models_service_time():
 def step_by_step_finish_times(
     joins: list[tuple[float, int, int, int]], coefficients: DecodeCoefficients
 ) -> tuple[dict[int, float], list[float]]:
-    """A decode instance one step at a time: finish times and every token's gap."""
+    """A decode instance one step at a time: finish times and every token's gap (a joiner's
+    first gap starts with the step it joins: the wait for that step is time to first token)."""
     joins = sorted(joins)
     finish: dict[int, float] = {}
     gaps: list[float] = []
@@ -161,8 +162,8 @@ def step_by_step_finish_times(
         if not running:
             now = max(now, joins[index][0])
         while index < len(joins) and joins[index][0] <= now:
-            join_s, request_id, prompt, output = joins[index]
-            running.append([request_id, prompt + 1, output - 1, join_s])
+            _, request_id, prompt, output = joins[index]
+            running.append([request_id, prompt + 1, output - 1, now])
             index += 1
         step_s = coefficients.step_ms(len(running), int(sum(r[1] for r in running))) / 1000
         now += step_s

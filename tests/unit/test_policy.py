@@ -193,6 +193,26 @@ def test_a_breached_role_grows_and_the_other_holds(breached):
 
 
 @pytest.mark.parametrize(
+    ("decode", "grows"),
+    [
+        # vLLM's ITL buckets around the 20 ms target are (10, 25] ms: a P99 there reads 24.9 ms
+        # whatever the gaps are, so the reading alone is no breach...
+        ({"ratio": 24.87 / 20, "tokens": 2000.0}, False),
+        # ...nor is one request waiting for the next step (no KV shortage)...
+        ({"ratio": 24.87 / 20, "tokens": 2000.0, "queue": 1.0, "running": 20.0}, False),
+        # ...unless requests queue for KV room, which says decode is short;
+        ({"ratio": 24.87 / 20, "tokens": 2000.0, "queue": 5.0, "running": 20.0, "kv": 0.7}, True),
+        # a reading in (25, 50] ms is over the target whatever the gaps are.
+        ({"ratio": 30 / 20, "tokens": 2000.0}, True),
+    ],
+)
+def test_a_breach_the_histogram_cannot_resolve_neither_grows_nor_holds(decode, grows):
+    observation = observe(SPEC, T0, {("prefill", "p"): 2, ("decode", "d"): 2}, decode=decode)
+    decision = decide(SPEC, observation, PolicyState(), T0)
+    assert (replicas(decision, "decode", "d") > 2) is grows
+
+
+@pytest.mark.parametrize(
     ("ratio", "grows"), [(0.8, False), (0.9, False), (1.1, False), (1.15, True)]
 )
 def test_feedback_alone_acts_only_outside_its_dead_band(ratio, grows):

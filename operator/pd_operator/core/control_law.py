@@ -69,6 +69,10 @@ class RoleLoad:
     queue_drained: bool = False
     # A breach that more replicas did not lower (see `core.policy`): no reason to add more.
     futile: bool = False
+    # Over the target, but read in a bucket that also holds values under it, and no queue
+    # confirms it: `histogram_quantile` cannot tell a breach from a met SLO there (a P99 in vLLM's
+    # 10-25 ms ITL bucket reads 24.9 ms whatever the gaps are), so it neither grows nor holds.
+    breach_unresolved: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
 
 
@@ -152,6 +156,15 @@ def read_load(
         mean_prompt_tokens=mean_prompt,
         saturated=role == "prefill" and bool(waiting),
         nothing_finished=latency.value is None and seconds is not None,
+        breach_unresolved=(
+            ratio is not None
+            and ratio > BREACH_RATIO
+            and bucket is not None
+            and bucket[0] < 1
+            # Queueing confirms it: prefill requests waiting for compute, or decode requests
+            # short of KV room (one decode request waiting for the next step is no shortage).
+            and not (waiting if role == "prefill" else (pressure or 0.0) >= KV_TARGET)
+        ),
     )
 
 
@@ -182,9 +195,10 @@ def role_need(
     floors: list[float] = []
     ratio = load.latency_ratio
     if ratio is not None:
-        if ratio > BREACH_RATIO and ready_capacity > 0 and not load.futile:
+        resolved = not load.breach_unresolved
+        if ratio > BREACH_RATIO and ready_capacity > 0 and not load.futile and resolved:
             grow.append(ready_capacity * min(ratio, MAX_FEEDBACK_GAIN))
-        if ratio >= HOLD_RATIO:
+        if ratio >= HOLD_RATIO and resolved:
             floors.append(placeable_capacity)
     demand = load.demand_tokens_per_second
     predictable = demand is not None and capacity.basis is not None
@@ -223,5 +237,5 @@ def backlogged(load: RoleLoad) -> bool:
     """Decode shows a KV backlog: cache near full (or requests waiting for it), or ITL breached."""
     pressure, ratio = load.memory_pressure, load.latency_ratio
     return (pressure is not None and pressure >= KV_TARGET) or (
-        ratio is not None and ratio > BREACH_RATIO
+        ratio is not None and ratio > BREACH_RATIO and not load.breach_unresolved
     )

@@ -27,7 +27,13 @@ from pd_operator.core.allocation import (
     step_limit,
 )
 from pd_operator.core.capacity import FreeCapacity
-from pd_operator.core.control_law import RoleLoad, backlogged, read_load, role_need
+from pd_operator.core.control_law import (
+    HOLD_RATIO,
+    RoleLoad,
+    backlogged,
+    read_load,
+    role_need,
+)
 from pd_operator.core.decision import Decision, Observation, PoolDecision, PoolObservation
 from pd_operator.core.learning import (
     BREACH_RATIO,
@@ -162,7 +168,7 @@ def _capacity(
         factor=memory.capacity_factor,
         ready={p.spec.name: p.seen.ready for p in pools},
         served_tokens_per_second=load.served_tokens_per_second if active else None,
-        latency_ratio=load.latency_ratio if active else None,
+        latency_ratio=load.latency_ratio if active and not load.breach_unresolved else None,
         prompt_tokens=max(1, round(prompt)),
         latency_bucket=load.latency_bucket,
         saturated=load.saturated,
@@ -186,14 +192,16 @@ def _futility(
     judged now (its replicas have served a whole window).
 
     A futile breach stays futile while it is no more than WORSE_FACTOR above the one recorded;
-    it ends when the latency comes back within the tolerance.
+    it ends when the latency comes back under HOLD_RATIO of the target. (Not merely within the
+    tolerance: a tail set by a few long prompts dips near the target in a window without them
+    and comes back with the next ones, and each return would otherwise add replicas.)
     """
     ratio = load.latency_ratio
     if load.status != "active" or ratio is None:
         return None, False
     if (
         memory.futile_ratio is not None
-        and BREACH_RATIO < ratio <= memory.futile_ratio * WORSE_FACTOR
+        and HOLD_RATIO <= ratio <= memory.futile_ratio * WORSE_FACTOR
     ):
         return memory.futile_ratio, False
     before, demand_before = memory.latency_ratio_at_scale_up, memory.demand_at_scale_up

@@ -399,7 +399,6 @@ class _Decode(Instance):
         self.alpha_ms = 0.0  # duration of the next step
         self.target_step = 0  # step boundary the pending event lands on
         self.version = 0  # invalidates superseded boundary events
-        self.first_waits: list[float] = []  # joiners' wait for the first step of the segment
 
     @property
     def batch(self) -> int:
@@ -811,18 +810,11 @@ class PDEngine:
         batch = instance.batch
         first_s = instance.alpha_ms / MS_PER_SECOND
         step_s = instance.b_ms * batch / MS_PER_SECOND
-        waits = instance.first_waits
+        # Joiners waited for the step in progress before their first step. vLLM's
+        # disaggregated decode counts that wait in the time to first token, not in the first
+        # inter-token gap (as the per-request outcomes do), so every first gap is one step.
         for histogram in (instance.itl, self.token_itl_s):
-            if waits:
-                # Joiners waited for the step in progress before their first step: their first
-                # gap is longer by that wait.
-                histogram.observe(first_s, batch - len(waits))
-                for wait_s in waits:
-                    histogram.observe(first_s + wait_s)
-                histogram.observe_progression(first_s + step_s, step_s, n - 1, batch)
-            else:
-                histogram.observe_progression(first_s, step_s, n, batch)
-        waits.clear()
+            histogram.observe_progression(first_s, step_s, n, batch)
         instance.generation_tokens_total += batch * n
         instance.t0_s += instance.steps_ms(n) / MS_PER_SECOND
         instance.alpha_ms += instance.b_ms * batch * n
@@ -854,9 +846,6 @@ class PDEngine:
             instance.inflight_kv -= req.input_tokens + 1
             heapq.heappush(instance.finishes, (instance.steps + req.output_tokens - 1, req.id, req))
             req.decode_start_s = now
-            wait_s = now - req.first_token_s
-            if wait_s > 0:
-                instance.first_waits.append(wait_s)
         instance.joiners.clear()
         batch = instance.batch
         if batch == 0:
