@@ -212,6 +212,35 @@ def test_a_breach_the_histogram_cannot_resolve_neither_grows_nor_holds(decode, g
     assert (replicas(decision, "decode", "d") > 2) is grows
 
 
+P99 = spec_of({"slo.ttft.percentile": "P99"})
+
+
+@pytest.mark.parametrize(
+    ("spec", "mean_ratio", "grows"),
+    [
+        # A P99 TTFT at twice the target while the mean is a fifth of it: a few prompts too
+        # long for the target set the tail; replicas would not move it.
+        (P99, 0.2, False),
+        # The mean near the target too: the load is what is slow.
+        (P99, 0.8, True),
+        # A P50 target is the bulk of requests, never a tail.
+        (SPEC, 0.2, True),
+    ],
+)
+def test_a_tail_percentile_set_by_a_few_long_requests_adds_no_replicas(spec, mean_ratio, grows):
+    observation = observe(
+        spec, T0, {("prefill", "p"): 2, ("decode", "d"): 2},
+        prefill={"ratio": 2.0, "tokens": 2000.0},
+    )  # fmt: skip
+    prefill = replace(
+        observation.signals["prefill"],
+        mean_latency_seconds=Reading.of(mean_ratio * target_seconds(spec, "prefill")),
+    )
+    observation = replace(observation, signals={**observation.signals, "prefill": prefill})
+    decision = decide(spec, observation, PolicyState(), T0)
+    assert (replicas(decision) > 2) is grows
+
+
 @pytest.mark.parametrize(
     ("ratio", "grows"), [(0.8, False), (0.9, False), (1.1, False), (1.15, True)]
 )

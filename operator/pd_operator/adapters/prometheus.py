@@ -151,6 +151,8 @@ class PrometheusReader:
                 histogram = adapter.ttft_histogram if role == "prefill" else adapter.itl_histogram
                 jobs.append(("requests_per_second", (role,),
                              promql.request_rate_query(histogram, role, window), keys))  # fmt: skip
+                jobs.append(("mean_latency_seconds", (role,),
+                             promql.mean_query(histogram, role, window), keys))  # fmt: skip
             for signal, counter in (
                 ("prompt_tokens_per_second", adapter.prompt_tokens),
                 ("generation_tokens_per_second", adapter.generation_tokens),

@@ -108,6 +108,16 @@ def request_rate_query(histogram: str, role: str, window_seconds: int) -> str:
     )
 
 
+def mean_query(histogram: str, role: str, window_seconds: int) -> str:
+    """A latency histogram's mean per role: exact, where a percentile is read inside a bucket
+    (NaN, no traffic, over a window without requests)."""
+    by, window = _by(GROUP_LABELS), f"[{window_seconds}s]"
+    return (
+        f'sum by ({by}) (rate({histogram}_sum{{role="{role}"}}{window})) / '
+        f'sum by ({by}) (rate({histogram}_count{{role="{role}"}}{window}))'
+    )
+
+
 def counter_rate_query(counter: str, window_seconds: int) -> str:
     """A counter's rate per role."""
     return f"sum by ({_by(GROUP_LABELS)}) (rate({counter}[{window_seconds}s]))"

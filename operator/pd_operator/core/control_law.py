@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pd_operator.api.spec import PDDeploymentSpec, Role
-from pd_operator.core.learning import BREACH_RATIO, RoleCapacity
+from pd_operator.core.learning import BREACH_RATIO, LEARN_LOW_RATIO, RoleCapacity
 from pd_operator.core.signals import LATENCY_BUCKETS, ReadingKind, RoleSignals, bucket_of
 
 # Grow to a size at which the demand uses this share of the estimated capacity.
@@ -42,6 +42,10 @@ MAX_PROBE_LOAD = 1.5
 # KV-cache usage (decode) to grow at and to stay under after shrinking.
 KV_TARGET = 0.8
 KV_SCALE_DOWN = 0.7
+# A tail percentile's breach with the mean under this share of the target is a tail of a few
+# over-long requests, not a capacity shortage (see `RoleLoad.tail_only`).
+TAIL_PERCENTILES = frozenset({"P90", "P95", "P99"})
+TAIL_MEAN_RATIO = 0.5
 # A sample older than this many decision intervals is as good as none.
 STALE_INTERVALS = 3
 EPSILON = 1e-9
@@ -73,6 +77,10 @@ class RoleLoad:
     # confirms it: `histogram_quantile` cannot tell a breach from a met SLO there (a P99 in vLLM's
     # 10-25 ms ITL bucket reads 24.9 ms whatever the gaps are), so it neither grows nor holds.
     breach_unresolved: bool = False
+    # A tail percentile over the target while the mean is far under it: a few requests too long
+    # for the target (prompts no replica count serves in time) set it, not the load. It says
+    # nothing about capacity per replica.
+    tail_only: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
 
 
@@ -156,6 +164,7 @@ def read_load(
         mean_prompt_tokens=mean_prompt,
         saturated=role == "prefill" and bool(waiting),
         nothing_finished=latency.value is None and seconds is not None,
+        tail_only=_tail_only(spec, role, ratio, signals, target_seconds),
         breach_unresolved=(
             ratio is not None
             and ratio > BREACH_RATIO
@@ -165,6 +174,25 @@ def read_load(
             # short of KV room (one decode request waiting for the next step is no shortage).
             and not (waiting if role == "prefill" else (pressure or 0.0) >= KV_TARGET)
         ),
+    )
+
+
+def _tail_only(
+    spec: PDDeploymentSpec,
+    role: Role,
+    ratio: float | None,
+    signals: RoleSignals,
+    target_seconds: float,
+) -> bool:
+    target = spec.slo.ttft if role == "prefill" else spec.slo.itl
+    mean = signals.mean_latency_seconds
+    return (
+        ratio is not None
+        and ratio >= LEARN_LOW_RATIO  # near or past the target: what learning would act on
+        and target.percentile in TAIL_PERCENTILES
+        and mean.kind is ReadingKind.VALUE
+        and mean.value is not None
+        and mean.value <= TAIL_MEAN_RATIO * target_seconds
     )
 
 
@@ -196,7 +224,13 @@ def role_need(
     ratio = load.latency_ratio
     if ratio is not None:
         resolved = not load.breach_unresolved
-        if ratio > BREACH_RATIO and ready_capacity > 0 and not load.futile and resolved:
+        if (
+            ratio > BREACH_RATIO
+            and ready_capacity > 0
+            and not load.futile
+            and resolved
+            and not load.tail_only
+        ):
             grow.append(ready_capacity * min(ratio, MAX_FEEDBACK_GAIN))
         if ratio >= HOLD_RATIO and resolved:
             floors.append(placeable_capacity)

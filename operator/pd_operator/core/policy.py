@@ -168,7 +168,11 @@ def _capacity(
         factor=memory.capacity_factor,
         ready={p.spec.name: p.seen.ready for p in pools},
         served_tokens_per_second=load.served_tokens_per_second if active else None,
-        latency_ratio=load.latency_ratio if active and not load.breach_unresolved else None,
+        latency_ratio=(
+            load.latency_ratio
+            if active and not load.breach_unresolved and not load.tail_only
+            else None
+        ),
         prompt_tokens=max(1, round(prompt)),
         latency_bucket=load.latency_bucket,
         saturated=load.saturated,

@@ -75,6 +75,9 @@ class RoleSignals:
     requests_per_second: Reading = NOT_READ
     prompt_tokens_per_second: Reading = NOT_READ
     generation_tokens_per_second: Reading = NOT_READ
+    # The role's mean latency over the window (TTFT for prefill, ITL for decode), from the
+    # histogram's sum and count: exact, unlike a percentile read inside a bucket.
+    mean_latency_seconds: Reading = NOT_READ
 
 
 # The resolution of any `histogram_quantile` the adapter reads, per engine and role.

@@ -134,6 +134,7 @@ def role_signals(
         value = histogram_quantile(PERCENTILES[target.percentile], b.bounds, delta)
         latency = NO_TRAFFIC if math.isnan(value) else Reading.of(value)
         requests = delta[-1] / span
+        mean = (b.latency_sum - a.latency_sum) / delta[-1] if delta[-1] > 0 else math.nan
         out[role] = RoleSignals(
             sample_time=last.time_s,
             ttft_seconds=latency if role == "prefill" else unavailable("decode has no TTFT"),
@@ -146,6 +147,7 @@ def role_signals(
             generation_tokens_per_second=Reading.of(
                 (b.generation_tokens - a.generation_tokens) / span
             ),
+            mean_latency_seconds=NO_TRAFFIC if math.isnan(mean) else Reading.of(mean),
         )
     return out
 
