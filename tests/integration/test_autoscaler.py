@@ -77,6 +77,16 @@ def engine_metrics(prometheus, namespace):
         engine.close()
 
 
+def feed_ttft_breach(prefill: FakeEngine, decode: FakeEngine) -> None:
+    """One more second of a prefill pool breaching its 6 s TTFT target under a queue, while
+    decode meets its ITL target."""
+    for _ in range(50):
+        prefill.ttft.labels(model_name="m").observe(9.0)
+        decode.itl.labels(model_name="m").observe(0.012)
+    prefill.prompt.labels(model_name="m").inc(200_000)
+    prefill.waiting.labels(model_name="m").set(20)
+
+
 def prefill_replicas(api_client, namespace) -> int:
     """Replicas of the prefill pool's Deployment (0 before it exists)."""
     apps = client.AppsV1Api(api_client)
@@ -93,11 +103,7 @@ def test_ttft_breach_grows_prefill_and_status_says_why(
     create_pdd(api_client, namespace, pdd_body(prometheus.url))
 
     def breach():
-        for _ in range(50):
-            prefill.ttft.labels(model_name="m").observe(9.0)  # target is 6 s
-            decode.itl.labels(model_name="m").observe(0.012)
-        prefill.prompt.labels(model_name="m").inc(200_000)
-        prefill.waiting.labels(model_name="m").set(20)
+        feed_ttft_breach(prefill, decode)
         return prefill_replicas(api_client, namespace) > 1
 
     wait_for(breach, timeout=60, interval=1, what="prefill to grow after the TTFT breach")
@@ -149,11 +155,7 @@ def test_advisory_mode_records_but_does_not_apply(
     create_pdd(api_client, namespace, pdd_body(prometheus.url, mode="Advisory"))
 
     def advised():
-        for _ in range(50):
-            prefill.ttft.labels(model_name="m").observe(9.0)
-            decode.itl.labels(model_name="m").observe(0.012)
-        prefill.prompt.labels(model_name="m").inc(200_000)
-        prefill.waiting.labels(model_name="m").set(20)
+        feed_ttft_breach(prefill, decode)
         status = get_pdd(api_client, namespace, "glm-hetero").get("status") or {}
         return (status.get("lastDecision") or {}).get("prefillReplicas", 1) > 1
 
@@ -216,11 +218,7 @@ def test_other_workloads_on_the_nodes_count_against_free_capacity(
     create_pdd(api_client, namespace, pdd_body(prometheus.url))
 
     def capacity_short():
-        for _ in range(50):
-            prefill.ttft.labels(model_name="m").observe(9.0)  # target is 6 s
-            decode.itl.labels(model_name="m").observe(0.012)
-        prefill.prompt.labels(model_name="m").inc(200_000)
-        prefill.waiting.labels(model_name="m").set(20)
+        feed_ttft_breach(prefill, decode)
         obj = get_pdd(api_client, namespace, "glm-hetero")
         return condition(obj, "CapacityAvailable").get("status") == "False" and obj
 

@@ -58,6 +58,11 @@ class ClusterCache:
         with self._lock:
             return list(self._pdds)
 
+    def pdd(self, key: ObjectKey) -> Mapping[str, Any] | None:
+        """A PDDeployment as last seen, or None when it is gone."""
+        with self._lock:
+            return self._pdds.get(key)
+
     def put_pdd(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey:
         """Record (or forget) a PDDeployment."""
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])

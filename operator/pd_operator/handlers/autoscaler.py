@@ -194,17 +194,19 @@ class Autoscaler:
         if len(self._parsed) > len(keys):
             self._drop_deleted(set(keys))
         for key in keys:
-            snapshot = self.cache.snapshot(key)
-            if snapshot is None:
-                continue
-            pdd = self._parse(key, snapshot.pdd)
+            body = self.cache.pdd(key)
+            pdd = self._parse(key, body) if body is not None else None
             if pdd is None:
-                continue  # the reconciler reports it
+                continue  # gone, or invalid: the reconciler reports it
             scaling = pdd.spec.scaling
             if scaling.mode == "Disabled":
                 self._forget(key)
                 continue
-            if now - self._last_run.get(key, 0.0) >= scaling.interval_seconds:
+            if now - self._last_run.get(key, 0.0) < scaling.interval_seconds:
+                continue
+            # Only a due object's children, pods and nodes are copied: the loop runs every tick.
+            snapshot = self.cache.snapshot(key)
+            if snapshot is not None:
                 due.append((key, pdd, snapshot))
         if not due:
             return 0
