@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_operator.sim.offline import (
     PEAK_WINDOW_S,
@@ -38,7 +38,6 @@ from pd_operator.sim.offline import (
     simulate,
     table_row,
 )
-from pd_operator.sim.offline_metrics import PERCENTILES
 from pd_operator.sim.workload import ReplayOptions
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -119,7 +118,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--percentile",
-        choices=sorted(PERCENTILES),
+        choices=sorted(PERCENTILE_SHARES),
         default="P99",
         help="the SLO percentile of the example deployment (P99 matches '>= 99%% of requests')",
     )

@@ -551,6 +551,63 @@ def test_varied_prompt_lengths_cost_more_prefill_than_prompts_of_the_mean_length
     ) == seed_capacity(PROFILED, "decode", decode_pool, 4000)
 
 
+@pytest.mark.parametrize(
+    ("prompt", "load", "grows"),
+    [
+        # 1,000-token prompts take ~30 ms against a 6 s TTFT: the queue allows 95%, and
+        # prefill grows at 0.9 of that (86%), not at the fixed 80%.
+        (1000, 0.84, False),
+        (1000, 0.87, True),
+        # 30,000-token prompts take seconds: the queueing estimate allows less than 80%, and
+        # never sizes tighter than the fixed margin (it does not see bursts).
+        (30000, 0.79, False),
+        (30000, 0.81, True),
+    ],
+)
+def test_prefill_runs_replicas_as_hot_as_its_queue_allows_under_the_ttft_target(
+    prompt, load, grows
+):
+    per_replica = seed("prefill", prompt)
+    observation = observe(
+        PROFILED, T0, {("prefill", "p"): 1, ("decode", "d"): 1},
+        prefill={"ratio": 0.3, "tokens": load * per_replica},
+    )  # fmt: skip
+    prefill = replace(
+        observation.signals["prefill"],
+        requests_per_second=Reading.of(load * per_replica / prompt),
+    )
+    observation = replace(observation, signals={**observation.signals, "prefill": prefill})
+    decision = decide(PROFILED, observation, PolicyState(), T0)
+    assert (replicas(decision) > 1) is grows
+
+
+def test_a_tail_of_a_few_long_requests_does_not_hold_replicas_the_demand_no_longer_needs():
+    # P99 TTFT twice the target with the mean at a fifth of it: prompts too long for the
+    # target. The demand fits two replicas at 70%, so the third goes after the window. With
+    # the mean near the target too, the breach is the load's: no replica goes.
+    def sizes(mean_ratio: float) -> list[int]:
+        now, state, current = T0, calibrated(P99, {"prefill": 1000.0, "decode": 500.0}), 3
+        out = []
+        for _ in range(14):
+            observation = observe(
+                P99, now, {("prefill", "p"): current, ("decode", "d"): 1},
+                prefill={"ratio": 2.0, "tokens": 1200.0},
+            )  # fmt: skip
+            prefill = replace(
+                observation.signals["prefill"],
+                mean_latency_seconds=Reading.of(mean_ratio * target_seconds(P99, "prefill")),
+            )
+            observation = replace(observation, signals={**observation.signals, "prefill": prefill})
+            decision = decide(P99, observation, state, now)
+            assert decision is not None
+            current, state, now = replicas(decision), decision.state, now + INTERVAL
+            out.append(current)
+        return out
+
+    assert sizes(0.2)[-1] == 2
+    assert min(sizes(0.8)) >= 3
+
+
 def profiled_capacity(decision: Decision | None, role: Role) -> float:
     assert decision is not None
     pool = next(d for d in decision.pools if d.role == role)

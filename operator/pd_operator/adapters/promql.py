@@ -8,6 +8,7 @@ window) pair among the objects; in practice one or two.
 
 from dataclasses import dataclass
 
+from pd_operator.api.spec import PERCENTILE_SHARES
 from pd_operator.core import engine_metrics
 
 # Scrape-time labels that identify a role's series. Prometheus sanitises label names, so our pod
@@ -16,8 +17,6 @@ from pd_operator.core import engine_metrics
 # relabel them so; docs/observability.md#engine-metrics). The policy reads signals per role: the
 # pools of a role share one SLO and one queue in front of them.
 GROUP_LABELS = ("namespace", "deployment", "role")
-
-QUANTILES = {"P50": 0.5, "P90": 0.9, "P95": 0.95, "P99": 0.99}
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def _by(labels: tuple[str, ...]) -> str:
 
 def quantile_query(histogram: str, role: str, percentile: str, window_seconds: int) -> str:
     """The percentile of a latency histogram per pool role, across all objects."""
-    q = QUANTILES[percentile]
+    q = PERCENTILE_SHARES[percentile]
     group = _by((*GROUP_LABELS, "le"))
     return (
         f"histogram_quantile({q}, sum by ({group}) "

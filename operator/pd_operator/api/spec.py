@@ -38,6 +38,8 @@ KVConnector = Literal["Mooncake", "NIXL", "None"]
 KVProtocol = Literal["RDMA", "TCP"]
 CacheDtype = Literal["FP8", "BF16", "Auto"]
 Percentile = Literal["P50", "P90", "P95", "P99"]
+# The share of requests each percentile says meet the target.
+PERCENTILE_SHARES: dict[str, float] = {"P50": 0.5, "P90": 0.9, "P95": 0.95, "P99": 0.99}
 # Not "Off": YAML 1.1 parsers (PyYAML, go-yaml v2 in kubectl) read a bare Off as false.
 ScalingMode = Literal["Active", "Advisory", "Disabled"]
 Role = Literal["prefill", "decode"]

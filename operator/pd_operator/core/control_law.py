@@ -6,11 +6,13 @@ Capacity is counted in the role's capacity units: tokens/s when the pools have a
 * feedback: ready capacity x latency/target (at most doubled), when latency is over the target
   by more than the tolerance;
 * feed-forward: demand (tokens/s, plus the prefill queue drained within one SLO window) at
-  TARGET_UTILISATION of the estimated capacity;
+  TARGET_UTILISATION of the estimated capacity (prefill: at PREFILL_GROW_SHARE of the
+  utilisation at which its queue still meets the TTFT target, `core.queueing`);
 * memory (decode): KV-cache usage, grown by the requests waiting for room, at KV_TARGET.
 
 The role grows to the largest term. It may shrink only to a size predicted to hold the demand
-at SCALE_DOWN_UTILISATION, below the growth target: that gap is the hysteresis that keeps a
+at SCALE_DOWN_UTILISATION (prefill: PREFILL_SHRINK_SHARE of the one replica less's utilisation
+at the SLO), below the growth target: that gap is the hysteresis that keeps a
 steady load from flapping between two sizes. Latency near the target holds the size. A role
 whose capacity is only known from below may probe one replica down while latency is far under
 the target.
@@ -27,6 +29,13 @@ from pd_operator.core.signals import LATENCY_BUCKETS, ReadingKind, RoleSignals, 
 TARGET_UTILISATION = 0.8
 # Shrink only to a size at which the demand would use at most this share.
 SCALE_DOWN_UTILISATION = 0.7
+# Prefill's estimate is a throughput; how much of it a replica may use depends on the TTFT
+# target against the prompts' service times (short prompts and a target of seconds allow
+# 95%, prompts of tens of thousands of tokens far less). Prefill grows to a size at which the
+# demand is this share of that utilisation, and shrinks only to one at which it is at most
+# the second: the same margins as TARGET_UTILISATION and SCALE_DOWN_UTILISATION leave under 1.
+PREFILL_GROW_SHARE = 0.9
+PREFILL_SHRINK_SHARE = 0.8
 # Latency/target at or above which the role holds its size: close enough to the SLO that a
 # smaller size would likely breach it.
 HOLD_RATIO = 0.9
@@ -212,13 +221,17 @@ def role_need(
     ready_capacity: float,
     placeable_capacity: float,
     smaller_capacity: float,
+    *,
+    utilisation: tuple[float, float] = (TARGET_UTILISATION, SCALE_DOWN_UTILISATION),
 ) -> Need:
     """Apply the control law to one active role.
 
     `ready_capacity` is what the Ready replicas offer (it produced the latency);
     `placeable_capacity` adds the replicas still starting, which count as coming capacity;
-    `smaller_capacity` is what would be left with one replica less.
+    `smaller_capacity` is what would be left with one replica less; `utilisation` is the
+    share of the estimated capacity to grow at and the one to shrink to.
     """
+    grow_at, shrink_to_at = utilisation
     grow: list[float] = []
     floors: list[float] = []
     ratio = load.latency_ratio
@@ -232,15 +245,15 @@ def role_need(
             and not load.tail_only
         ):
             grow.append(ready_capacity * min(ratio, MAX_FEEDBACK_GAIN))
-        if ratio >= HOLD_RATIO and resolved:
+        if ratio >= HOLD_RATIO and resolved and not load.tail_only:
             floors.append(placeable_capacity)
     demand = load.demand_tokens_per_second
     predictable = demand is not None and capacity.basis is not None
     if demand is not None and capacity.basis is not None:
         if capacity.basis != "lower-bound":  # a lower bound would over-provision on the way up
             wanted = load.served_tokens_per_second if load.queue_drained else demand
-            grow.append((wanted or 0.0) / TARGET_UTILISATION)
-        floors.append(demand / SCALE_DOWN_UTILISATION)
+            grow.append((wanted or 0.0) / grow_at)
+        floors.append(demand / shrink_to_at)
     pressure = load.memory_pressure
     if pressure is not None and ready_capacity > 0:
         grow.append(ready_capacity * pressure / KV_TARGET)

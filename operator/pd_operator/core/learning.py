@@ -24,12 +24,18 @@ Signals are per role, so one role's observation corrects all its pools by the sa
 pools keep their relative speeds (from profiles, else cards per replica).
 """
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
-from pd_operator.core.hardware import HARDWARE_PROFILES, MODEL_PROFILES, ModelProfile
+from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, PoolSpec, Role
+from pd_operator.core.hardware import (
+    HARDWARE_PROFILES,
+    MODEL_PROFILES,
+    HardwareProfile,
+    ModelProfile,
+)
 from pd_operator.core.perfmodel import (
     PrefillCoefficients,
     decode_itl_ms,
@@ -37,6 +43,7 @@ from pd_operator.core.perfmodel import (
     model_load_seconds,
 )
 from pd_operator.core.policy_state import CapacityBasis
+from pd_operator.core.queueing import MAX_UTILISATION, exponential_lengths, pooled_utilisation
 
 # Latency/target above which the replicas are past their SLO capacity.
 BREACH_RATIO = 1.1
@@ -60,6 +67,8 @@ PREFILL_BATCH_TOKENS = 8192
 # exponential distribution (squared coefficient of variation 1, the maximum-entropy choice for
 # a known mean); the traces in ../shared/traces measure 0.9-1.7, and learning corrects the rest.
 PROMPT_LENGTH_CV2 = 1.0
+# Equally likely prompt lengths the queueing estimate of prefill's utilisation at the SLO uses.
+LENGTH_CLASSES = 16
 # Decode batches searched for the seed; engines default to at most 1024 sequences.
 MAX_DECODE_BATCH = 1024
 
@@ -92,13 +101,7 @@ def seed_capacity(
         return None
     cards = pool.accelerator.per_replica
     if role == "prefill":
-        batch = max(1, PREFILL_BATCH_TOKENS // prompt_tokens)
-        coefficients = PrefillCoefficients.from_profiles(hardware, model, cards)
-        squares = (1 + prompt_length_cv2) * prompt_tokens**2
-        batch_ms = coefficients.a_ms + batch * (
-            coefficients.b_ms_per_token * prompt_tokens + coefficients.c_ms_per_token2 * squares
-        )
-        return batch * prompt_tokens / (batch_ms / 1000)
+        return _prefill_tokens_per_second(hardware, model, cards, prompt_tokens, prompt_length_cv2)
     most = min(MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, prompt_tokens))
     if most < 1:
         return None  # the weights, or one sequence's KV, do not fit
@@ -111,6 +114,80 @@ def seed_capacity(
         else:
             high = middle - 1
     return low / (decode_itl_ms(hardware, model, cards, low, prompt_tokens) / 1000)
+
+
+def _prefill_tokens_per_second(
+    hardware: HardwareProfile, model: ModelProfile, cards: int, prompt_tokens: float, cv2: float
+) -> float:
+    prompt = max(1.0, prompt_tokens)
+    batch = max(1, int(PREFILL_BATCH_TOKENS // prompt))
+    coefficients = PrefillCoefficients.from_profiles(hardware, model, cards)
+    squares = (1 + cv2) * prompt**2
+    batch_ms = coefficients.a_ms + batch * (
+        coefficients.b_ms_per_token * prompt + coefficients.c_ms_per_token2 * squares
+    )
+    return batch * prompt / (batch_ms / 1000)
+
+
+def prefill_utilisation(
+    spec: PDDeploymentSpec, per_replica: Mapping[str, float], prompt_tokens: float, servers: int
+) -> float:
+    """The utilisation at which `servers` prefill replicas still meet the TTFT target at its
+    percentile (`core.queueing.pooled_utilisation`), for the slowest pool with an estimate in
+    `per_replica` (tokens/s). Prompts of mean `prompt_tokens` are taken as exponentially
+    distributed (PROMPT_LENGTH_CV2); with a known profile a prompt's service grows with its
+    length as the performance model says (attention), else linearly. MAX_UTILISATION when no
+    pool has an estimate."""
+    target = spec.slo.ttft
+    found = [
+        _pool_utilisation(
+            pool.accelerator.profile or "",
+            spec.model.name,
+            pool.accelerator.per_replica,
+            prompt_tokens=_two_digits(prompt_tokens),
+            tokens_per_second=_two_digits(per_replica[pool.name]),
+            target_s=target.target_milliseconds / 1000,
+            share=PERCENTILE_SHARES[target.percentile],
+            servers=max(1, servers),
+        )
+        for pool in spec.pools("prefill")
+        if per_replica.get(pool.name, 0.0) > 0
+    ]
+    return min(found, default=MAX_UTILISATION)
+
+
+def _two_digits(value: float) -> float:
+    """`value` to two significant digits: nearby inputs share one cached answer."""
+    return float(f"{max(value, 1.0):.2g}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _pool_utilisation(
+    profile: str,
+    model_name: str,
+    cards: int,
+    *,
+    prompt_tokens: float,
+    tokens_per_second: float,
+    target_s: float,
+    share: float,
+    servers: int,
+) -> float:
+    lengths = exponential_lengths(prompt_tokens, LENGTH_CLASSES)
+    hardware, model = HARDWARE_PROFILES.get(profile), model_profile_for(model_name)
+    if hardware is None or model is None:
+        service = [length / tokens_per_second for length in lengths]
+    else:
+        # The estimate is the profile's rate for this mean prompt times a learned speed.
+        cv2 = PROMPT_LENGTH_CV2
+        speed = tokens_per_second / _prefill_tokens_per_second(
+            hardware, model, cards, prompt_tokens, cv2
+        )
+        service = [
+            length / (_prefill_tokens_per_second(hardware, model, cards, length, 0.0) * speed)
+            for length in lengths
+        ]
+    return pooled_utilisation(service, target_s, share, servers)
 
 
 def seed_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec) -> float | None:

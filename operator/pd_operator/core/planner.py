@@ -10,7 +10,7 @@ the cheapest feasible one per role. How each estimate is made:
   its square, so sizing for the mean prompt misses what a long tail costs.
 * Prefill: each class's service time `s` is its own prefill work (the prefix-cache hit rate
   taken off its compute) plus its share of a batch of up to 8,192 new tokens (vLLM's
-  default). Requests queue at a replica like an M/G/1 queue: the mean wait at utilisation
+  default). Requests queue at a replica like an M/G/1 queue (`core.queueing`): the mean wait at utilisation
   rho is `W = rho * E[s**2] / (2 E[s] (1 - rho))` (Pollaczek-Khinchine); a request waits not
   at all with probability 1 - rho, else an exponential time of mean `W / rho`. A request's
   TTFT is its wait plus its own `s` plus its KV transfer; the predicted TTFT is the one that
@@ -39,12 +39,11 @@ from pd_operator.core.perfmodel import (
     kv_transfer_seconds,
     max_concurrent_sequences,
 )
+from pd_operator.core.queueing import MAX_UTILISATION, attained_share
 
 PREFILL_BATCH_TOKENS = 8192
 MAX_DECODE_BATCH = 1024
 MAX_REPLICAS = 256
-# Keep some headroom: at 95% a queue's latency is too sensitive to a burst to plan for.
-MAX_UTILISATION = 0.95
 DEFAULT_LINK_BYTES_PER_SECOND = 100e9  # as the engine simulator (Mooncake's low end)
 ROLES = ("prefill", "decode")
 
@@ -292,21 +291,6 @@ def _grouped(values: Sequence[tuple[float, float]]) -> tuple[tuple[float, float]
     return tuple(out)
 
 
-def _attained(
-    latencies: Sequence[tuple[float, float]], wait_s: float, rho: float, t: float
-) -> float:
-    """Share of requests whose wait plus own latency is at most `t`, the wait at a replica
-    being 0 with probability 1 - rho and else exponential with mean `wait_s / rho` (the M/G/1
-    mean wait `wait_s`)."""
-    if wait_s <= 0 or rho <= 0:
-        return sum(w for value, w in latencies if value <= t)
-    return sum(
-        w * (1 - rho * math.exp(-(t - value) * rho / wait_s))
-        for value, w in latencies
-        if value <= t
-    )
-
-
 def predicted_ttft_s(
     stats: Sequence[PrefillStats], replicas: Sequence[int], rate_rps: float, share: float
 ) -> float:
@@ -322,12 +306,16 @@ def predicted_ttft_s(
     if not worst.latencies:
         return math.inf
     wait = rho * worst.second_moment_s2 / (2 * worst.mean_s * (1 - rho))
+
+    def attained(t: float) -> float:  # each replica an M/G/1 queue: waits with probability rho
+        return attained_share(worst.latencies, rho, wait / rho if rho > 0 else 0.0, t)
+
     low, high = 0.0, worst.latencies[-1][0] + wait + 1e-9
-    while _attained(worst.latencies, wait, rho, high) < share - 1e-12:
+    while attained(high) < share - 1e-12:
         low, high = high, 2 * high
     for _ in range(40):
         middle = (low + high) / 2
-        if _attained(worst.latencies, wait, rho, middle) >= share - 1e-12:
+        if attained(middle) >= share - 1e-12:
             high = middle
         else:
             low = middle

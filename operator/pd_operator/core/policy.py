@@ -29,6 +29,10 @@ from pd_operator.core.allocation import (
 from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.control_law import (
     HOLD_RATIO,
+    PREFILL_GROW_SHARE,
+    PREFILL_SHRINK_SHARE,
+    SCALE_DOWN_UTILISATION,
+    TARGET_UTILISATION,
     RoleLoad,
     backlogged,
     read_load,
@@ -40,6 +44,7 @@ from pd_operator.core.learning import (
     DEFAULT_PROMPT_TOKENS,
     RoleCapacity,
     estimate_capacity,
+    prefill_utilisation,
     seed_load_seconds,
 )
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory, pool_key
@@ -132,6 +137,31 @@ def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | 
     return ledger
 
 
+def _mean_prompt(spec: PDDeploymentSpec, loads: dict[Role, RoleLoad], role: Role) -> float:
+    """The role's mean prompt; decode engines may not count the prompts whose KV cache they
+    receive, and the prompts prefill served are the same ones."""
+    return (
+        loads[role].mean_prompt_tokens
+        or loads["prefill"].mean_prompt_tokens
+        or min(spec.model.context_length or DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS)
+    )
+
+
+def _utilisation(
+    spec: PDDeploymentSpec, role: Role, capacity: RoleCapacity, prompt: float, slots: list[Slot]
+) -> tuple[float, float]:
+    """The shares of the estimated capacity the role grows at and shrinks to."""
+    if role != "prefill" or capacity.basis is None:
+        return TARGET_UTILISATION, SCALE_DOWN_UTILISATION
+    replicas = sum(s.placeable for s in slots)
+    per_replica = capacity.per_replica
+    # The queueing estimate only raises the margins: it does not see bursts, nor lengths more
+    # varied than it assumes, so it never sizes tighter than the fixed margins would.
+    grow_at = PREFILL_GROW_SHARE * prefill_utilisation(spec, per_replica, prompt, replicas)
+    shrink_at = PREFILL_SHRINK_SHARE * prefill_utilisation(spec, per_replica, prompt, replicas - 1)
+    return max(TARGET_UTILISATION, grow_at), max(SCALE_DOWN_UTILISATION, shrink_at)
+
+
 def _capacity(
     spec: PDDeploymentSpec,
     role: Role,
@@ -147,13 +177,7 @@ def _capacity(
         for p in pools
         if p.memory.capacity_per_replica is not None
     }
-    # Decode engines may not count the prompts whose KV cache they receive: the prompts
-    # prefill served are the same ones.
-    prompt = (
-        load.mean_prompt_tokens
-        or loads["prefill"].mean_prompt_tokens
-        or min(spec.model.context_length or DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS)
-    )
+    prompt = _mean_prompt(spec, loads, role)
     # Signals over a window in which replicas became Ready (or left) mix two sizes: what they
     # say per replica is wrong either way, so they teach nothing until the window has passed.
     settled = all(p.window_ready(now, spec.slo.window_seconds)[1] for p in pools)
@@ -250,6 +274,7 @@ def _decide_role(
     load: RoleLoad,
     *,
     capacity: RoleCapacity,
+    prompt: float,
     gates: tuple[bool, LimitedBy | None],
     ledger: FreeCapacity | None,
     now: float,
@@ -273,7 +298,14 @@ def _decide_role(
         window = spec.slo.window_seconds
         ready = sum(min(p.window_ready(now, window)[0], p.placeable) * p.weight for p in pools)
         placeable = sum(s.placeable * s.weight for s in slots)
-        need = role_need(load, capacity, ready, placeable, one_less(slots))
+        need = role_need(
+            load,
+            capacity,
+            ready,
+            placeable,
+            one_less(slots),
+            utilisation=_utilisation(spec, pools[0].role, capacity, prompt, slots),
+        )
         if need.grow_to is not None:
             allocation = grow(slots, need.grow_to, ledger)
             raw, limits, short = allocation.replicas, allocation.limits, allocation.short
@@ -499,6 +531,7 @@ def decide(
             work[role],
             loads[role],
             capacity=capacities[role],
+            prompt=_mean_prompt(spec, loads, role),
             gates=gates,
             ledger=ledger,
             now=now,

@@ -12,11 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pd_operator.api.spec import PDDeploymentSpec, Role
+from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, Role
 from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
 from pd_operator.sim.engine import Instance, PDEngine, State
-
-PERCENTILES = {"P50": 0.5, "P90": 0.9, "P95": 0.95, "P99": 0.99}
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ def role_signals(
             continue
         target = spec.slo.ttft if role == "prefill" else spec.slo.itl
         delta = [y - x for x, y in zip(a.buckets, b.buckets, strict=True)]
-        value = histogram_quantile(PERCENTILES[target.percentile], b.bounds, delta)
+        value = histogram_quantile(PERCENTILE_SHARES[target.percentile], b.bounds, delta)
         latency = NO_TRAFFIC if math.isnan(value) else Reading.of(value)
         requests = delta[-1] / span
         mean = (b.latency_sum - a.latency_sum) / delta[-1] if delta[-1] > 0 else math.nan
