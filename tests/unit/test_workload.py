@@ -21,8 +21,8 @@ from pd_operator.sim.workload import (
     step_rate,
     synthetic_requests,
 )
+from traces import real_trace
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 SHORT = TokenLengths(100, 10)
 
 
@@ -249,13 +249,6 @@ def test_servegen_compression_keeps_the_requests_and_shortens_the_time(tmp_path:
 
 
 # --- the real traces --------------------------------------------------------------------------
-
-
-def real_trace(name: str) -> Path:
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip(f"{path} not present: the public traces live in ../shared/traces (see README)")
-    return path
 
 
 def test_real_mooncake_trace_reads_whole():

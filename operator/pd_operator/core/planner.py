@@ -10,13 +10,13 @@ the cheapest feasible one per role. How each estimate is made:
   its square, so sizing for the mean prompt misses what a long tail costs.
 * Prefill: each class's service time `s` is its own prefill work (the prefix-cache hit rate
   taken off its compute) plus its share of a batch of up to 8,192 new tokens (vLLM's
-  default). Requests queue at a replica like an M/G/1 queue (`core.queueing`): the mean wait at utilisation
-  rho is `W = rho * E[s**2] / (2 E[s] (1 - rho))` (Pollaczek-Khinchine); a request waits not
-  at all with probability 1 - rho, else an exponential time of mean `W / rho`. A request's
-  TTFT is its wait plus its own `s` plus its KV transfer; the predicted TTFT is the one that
-  the target's share of the requests meets (by default 99%, of those that an idle replica
-  of the fastest candidate serves in time; the rest are reported as infeasible). Replicas
-  are added until it meets the TTFT target.
+  default). Requests queue at a replica like an M/G/1 queue (`core.queueing`): the mean wait
+  at utilisation rho is `W = rho * E[s**2] / (2 E[s] (1 - rho))` (Pollaczek-Khinchine); a
+  request waits not at all with probability 1 - rho, else an exponential time of mean
+  `W / rho`. A request's TTFT is its wait plus its own `s` plus its KV transfer; the predicted
+  TTFT is the one that the target's share of the requests meets (by default 99%, of those
+  that an idle replica of the fastest candidate serves in time; the rest are reported as
+  infeasible). Replicas are added until it meets the TTFT target.
 * Decode: each request holds a slot for `output * ITL` seconds (Little's law); the batch per
   replica is the fixed point of `B = rate * E[output] * ITL(B) / replicas`, feasible when
   ITL(B) meets the ITL target and B sequences fit in the KV cache, the context of a slot

@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pd_operator.core.engine_metrics import SGLANG_BOUNDS, VLLM_BOUNDS
 from pd_operator.core.hardware import HardwareProfile, ModelProfile
@@ -42,6 +42,13 @@ DEFAULT_MAX_BATCH_SEQUENCES = 1024
 # Prefill-to-decode KV link. Assumption: Mooncake measured 87-190 GB/s per 8-GPU node
 # (CONTEXT.md); 100 GB/s sits at the low end, which a deployment reaches without tuning.
 DEFAULT_LINK_BYTES_PER_SECOND = 100e9
+# How the router picks a prefill instance. "prefix-aware": the least outstanding prompt tokens
+# once the request's prefix cached there is taken off its own work, as the cache-aware routers
+# do (llm-d's prefix-cache scorer, Dynamo's KV router, Mooncake's Conductor): a request goes
+# where its prefix is cached unless the queue there costs more than recomputing it elsewhere.
+# "least-loaded": the least outstanding prompt tokens, blind to the caches.
+Routing = Literal["prefix-aware", "least-loaded"]
+ROUTINGS: tuple[Routing, ...] = ("prefix-aware", "least-loaded")
 
 
 class Role(StrEnum):
@@ -471,10 +478,14 @@ class PDEngine:
         link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
         buckets: LatencyBuckets = VLLM_BUCKETS,
         prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+        routing: Routing = "prefix-aware",
     ) -> None:
         if link_bytes_per_second <= 0 or prefix_block_tokens < 1:
             raise ValueError("link bandwidth and prefix block size must be positive")
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing {routing!r}: choose one of {', '.join(ROUTINGS)}")
         self.buckets = buckets
+        self.routing = routing
         self.prefix_block_tokens = prefix_block_tokens
         self._transfer_s_per_token = kv_bytes_per_token(model) / link_bytes_per_second
         self._source: Iterator[Request] = iter(requests)
@@ -669,8 +680,13 @@ class PDEngine:
         if not self._prefills:
             self._pending_prefill.append(req)
             return
-        # Least outstanding prompt tokens; ties rotate, as a router's round robin would.
-        target = min(self._rotated(self._prefills), key=_prefill_load)
+        # Least outstanding prompt tokens (less the prefix cached there when the router sees the
+        # caches); ties rotate, as a router's round robin would.
+        candidates = self._rotated(self._prefills)
+        if self.routing == "prefix-aware" and req.hash_ids:
+            target = min(candidates, key=lambda i: i.load - self._cached_prefix(i, req))
+        else:
+            target = min(candidates, key=_prefill_load)
         target.queue.append(req)
         target.queued_tokens += req.input_tokens
         if not target.batch:
@@ -680,6 +696,16 @@ class PDEngine:
         self._turn += 1
         start = self._turn % len(instances)
         return instances[start:] + instances[:start]
+
+    def _cached_prefix(self, instance: _Prefill, req: _Req) -> int:
+        """Tokens of the request's prefix in the instance's cache now (the LRU order untouched:
+        looking is not using)."""
+        cache, hits = instance.cache, 0
+        for block in req.hash_ids:
+            if block not in cache:
+                break
+            hits += 1
+        return min(hits * self.prefix_block_tokens, req.input_tokens - 1)
 
     def _cached_tokens(self, instance: _Prefill, req: _Req) -> int:
         if req.hash_ids:

@@ -41,6 +41,7 @@ from pd_operator.sim.engine import (
     PDEngine,
     ReplicaSpec,
     RequestRecord,
+    Routing,
     State,
 )
 from pd_operator.sim.engine import Role as EngineRole
@@ -713,6 +714,7 @@ def oracle_schedule(
     feasible: Sequence[bool],
     interval_s: float = ORACLE_INTERVAL_S,
     progress: Callable[[Progress], None] | None = None,
+    routing: Routing = "prefix-aware",
 ) -> list[dict[PoolKey, int]]:
     """Per interval, the fewest replicas per pool with which the requests meet the SLO.
 
@@ -730,7 +732,7 @@ def oracle_schedule(
     """
     fleet = _Fleet(spec, model, cluster, None)
     feed = _Feed(requests)
-    engine = PDEngine(feed, model=model)
+    engine = PDEngine(feed, model=model, routing=routing)
     times = [r.arrival_s for r in requests]
     span = times[-1] if times else 0.0
     lowest = {key: pool.replicas.min for key, pool in fleet.pools.items()}
@@ -832,6 +834,7 @@ def simulate(
     timing: Timing = Timing(),
     warmup_s: float = 0.0,
     progress: Callable[[Progress], None] | None = None,
+    routing: Routing = "prefix-aware",
 ) -> SimResult:
     """Replay `requests` (sorted by arrival) under `policy`; see the module docstring.
 
@@ -839,7 +842,8 @@ def simulate(
     and policy (queues, prefix caches, replicas and the policy's memory carry over), but the
     result holds only what happens from `warmup_s` on: the requests arriving from then, the
     card-hours, cost and scale actions from then, times relative to it. `static-peak` is
-    sized on the measured requests only; the oracle searches the whole span.
+    sized on the measured requests only; the oracle searches the whole span. `routing` is the
+    router's choice of prefill instance (`sim.engine.Routing`).
     """
     if warmup_s < 0:
         raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
@@ -864,6 +868,7 @@ def simulate(
                 cluster=cluster,
                 feasible=feasible,
                 progress=progress,
+                routing=routing,
             ),
         )
     )
@@ -871,7 +876,7 @@ def simulate(
         timing.rate_window_s or float(spec.slo.window_seconds),
         MIN_SCRAPES_PER_WINDOW * timing.scrape_interval_s,
     )
-    engine = PDEngine(requests, model=model)
+    engine = PDEngine(requests, model=model, routing=routing)
     fleet.apply(engine, _initial(chosen, spec, arrivals, fleet.room()), warm_up=False)
     last_arrival = arrivals.times[-1] if arrivals.times else 0.0
     scrapes: list[Scrape] = []
