@@ -27,6 +27,7 @@ from pathlib import Path
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec
 from pd_operator.core.hardware import GLM_45_FP8
+from pd_operator.sim.engine import ROUTINGS
 from pd_operator.sim.offline import (
     PEAK_WINDOW_S,
     POLICY_NAMES,
@@ -125,6 +126,7 @@ def main() -> int:
     parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply each trace's rate")
     parser.add_argument("--servegen-rps", type=float, default=20.0)
     parser.add_argument("--policy", action="append", help="default: every policy")
+    parser.add_argument("--routing", choices=ROUTINGS, default="prefix-aware")
     parser.add_argument("--csv", type=Path)
     args = parser.parse_args()
     paths = args.traces or sorted(p for p in TRACES.iterdir() if p.suffix in (".csv", ".jsonl"))
@@ -145,12 +147,17 @@ def main() -> int:
         results = {}
         for policy in args.policy or POLICY_NAMES:
             results[policy] = simulate(
-                spec, requests, policy, model=GLM_45_FP8, warmup_s=args.warmup
+                spec,
+                requests,
+                policy,
+                model=GLM_45_FP8,
+                warmup_s=args.warmup,
+                routing=args.routing,
             )
             rows.append({"trace": path.name, **table_row(results[policy])})
             print(f"  {policy}: {rows[-1]}", file=sys.stderr)
         verdicts.append(f"{path.name}: {targets(results)}")
-    print(header(spec, args.warmup, args.rate_scale, windows))
+    print(header(spec, args.warmup, args.rate_scale, windows) + f"; routing {args.routing}")
     print()
     print(markdown_table(rows, COLUMNS))
     print()

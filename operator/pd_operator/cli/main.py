@@ -263,6 +263,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 timing=timing,
                 warmup_s=args.warmup,
                 progress=bar,
+                routing=args.routing,
             )
         )
         if bar:
@@ -367,6 +368,8 @@ def _add_load_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from pd_operator.sim.engine import ROUTINGS  # pure Python, no I/O: cheap to import
+
     sim = commands.add_parser(
         "simulate", help="replay a trace through the engine simulator with a policy in the loop"
     )
@@ -387,6 +390,13 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     sim.add_argument("--rate-window", type=float, help="seconds (default: spec windowSeconds)")
     sim.add_argument("--decision-interval", type=float, help="seconds (default: spec)")
     sim.add_argument("--load-seconds", type=float, help="model-load delay (default: profile)")
+    sim.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default="prefix-aware",
+        help="how the router picks a prefill replica: where the request's prefix is cached "
+        "unless that queue costs more (prefix-aware), or the least outstanding tokens",
+    )
     sim.add_argument(
         "--warmup",
         type=float,
