@@ -6,10 +6,11 @@ import pytest
 
 from pd_operator.adapters import promql
 from pd_operator.core import engine_metrics
-from pd_operator.core.hardware import GLM_45_FP8, MTT_S5000
+from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
 from pd_operator.sim import metrics as sim_metrics
 from pd_operator.sim.engine import PDEngine, ReplicaSpec, Role
 from pd_operator.sim.metrics import Dialect, EngineMetricsServer, SimPod
+from pd_operator.sim.workload import Request
 
 # The spec engine (spec.model.engine) each simulator dialect stands in for.
 SIMULATED = {
@@ -64,3 +65,46 @@ def test_every_engine_table_entry_is_a_reader_adapter():
         for n in vars(engine_metrics).values()
         if isinstance(n, engine_metrics.EngineMetricNames)
     }
+
+
+def samples(text: str) -> dict[str, float]:
+    """Each sample line's value by its full name and labels."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_a_time_compressed_engine_reports_rates_per_simulated_second():
+    # 20 simulated seconds per wall second: Prometheus rates counters per wall second, so the
+    # exposition scales every counter by 0.05 and rates come out per simulated second (what a
+    # replica serves, what the profiles' capacities are in); gauges, means and quantiles stay.
+    requests = [Request(t * 0.5, 2000, 50) for t in range(40)]
+    engine = PDEngine(requests, model=GLM_45_FP8)
+    prefill, decode = (ReplicaSpec.from_profiles(c, GLM_45_FP8, 8) for c in (MTT_S5000, H200_SXM))
+    engine.add_instance("p0", Role.PREFILL, prefill, ready_after_s=0)
+    engine.add_instance("d0", Role.DECODE, decode, ready_after_s=0)
+    engine.advance_to(19.0)  # requests still in flight: gauges are not all zero
+    pod = SimPod("ns", "prefill-0", "p0", "demo", "prefill", "s5000", "glm")
+    rendered = {}
+    for scale in (1.0, 0.05):
+        server = EngineMetricsServer(engine, threading.Lock(), counter_scale=scale)
+        try:
+            server.add_pod(pod)
+            rendered[scale] = samples(server.render("ns", "prefill-0") or "")
+        finally:
+            server.stop()
+    real, compressed = rendered[1.0], rendered[0.05]
+    assert real.keys() == compressed.keys()
+    counters = [
+        k for k in real if k.split("{")[0].endswith(("_total", "_bucket", "_sum", "_count"))
+    ]
+    assert any(real[k] > 0 for k in counters)
+    for key in counters:
+        assert compressed[key] == pytest.approx(real[key] * 0.05)
+    for key in real.keys() - set(counters):  # gauges
+        assert compressed[key] == real[key]
+    with pytest.raises(ValueError, match="counter_scale"):
+        EngineMetricsServer(engine, threading.Lock(), counter_scale=0)

@@ -73,7 +73,10 @@ def test_the_utilisation_found_meets_the_share_and_a_tighter_one_does_not_allow_
     found = pooled_utilisation(services, 6.0, share, servers)
     assert 0 <= found <= MAX_UTILISATION
     assert pooled_utilisation(services, 6.0, min(share + 0.0005, 0.9999), servers) <= found
-    assert pooled_utilisation(services, 3.0, share, servers) <= found
+    # A tighter target allows no more while the same requests stay feasible (a request slower
+    # than the target alone leaves the share's base, which can raise what the rest allow).
+    if max(services) <= 3.0:
+        assert pooled_utilisation(services, 3.0, share, servers) <= found
 
 
 def test_nothing_feasible_allows_nothing():

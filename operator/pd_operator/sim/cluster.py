@@ -157,6 +157,7 @@ class SimDeployment:
         model: ModelProfile,
         dialect: Dialect,
         now_s: float,
+        time_scale: float = 1.0,
     ) -> None:
         self.namespace = namespace
         self.name = name
@@ -164,7 +165,10 @@ class SimDeployment:
         self.lock = threading.Lock()
         self.engine = PDEngine(model=model, buckets=dialect.buckets)
         self.engine.advance_to(now_s)  # every engine runs on the cluster's one timeline
-        self.server = EngineMetricsServer(self.engine, self.lock, dialect=dialect)
+        # Rates per simulated second, as the profiles' capacities are (see EngineMetricsServer).
+        self.server = EngineMetricsServer(
+            self.engine, self.lock, dialect=dialect, counter_scale=time_scale
+        )
         self.records: deque[RequestRecord] = deque(maxlen=RECORDS_KEPT)
         # Simulated time the load started: when a pod of each role first served. Until then a
         # real client would get errors, so requests are not queued up at the router.
@@ -403,6 +407,7 @@ class SimCluster:
                     model=self.model,
                     dialect=self.dialect,
                     now_s=self.now_s(),
+                    time_scale=self.time_scale,
                 )
                 deployment.server.start()
                 self._deployments[(namespace, name)] = deployment

@@ -88,11 +88,18 @@ class _HistogramLines:
     sum: str
     count: str
 
-    def render(self, histogram: Histogram) -> str:
+    def render(self, histogram: Histogram, scale: float) -> str:
         cumulative = histogram.cumulative()
         lines = [self.header]
-        lines += [f"{line}{n}\n" for line, n in zip(self.buckets, cumulative, strict=True)]
-        lines.append(f"{self.sum}{histogram.sum!r}\n{self.count}{histogram.count}\n")
+        if scale == 1.0:
+            lines += [f"{line}{n}\n" for line, n in zip(self.buckets, cumulative, strict=True)]
+            lines.append(f"{self.sum}{histogram.sum!r}\n{self.count}{histogram.count}\n")
+        else:
+            lines += [
+                f"{line}{n * scale!r}\n" for line, n in zip(self.buckets, cumulative, strict=True)
+            ]
+            sum_, count = histogram.sum * scale, histogram.count * scale
+            lines.append(f"{self.sum}{sum_!r}\n{self.count}{count!r}\n")
         return "".join(lines)
 
 
@@ -130,7 +137,7 @@ class _Template:
              "prefix_cache_queries_total"),
         )  # fmt: skip
         self.scalars = tuple(
-            (scalar(name, kind, help_text), attrgetter(value))
+            (scalar(name, kind, help_text), attrgetter(value), kind == "counter")
             for name, kind, help_text, value in scalars
             if name
         )
@@ -145,9 +152,14 @@ class _Template:
             if name
         )
 
-    def render(self, instance: Instance) -> str:
-        out = [f"{line}{value(instance)}\n" for line, value in self.scalars]
-        out += [lines.render(value(instance)) for lines, value in self.histograms]
+    def render(self, instance: Instance, counter_scale: float) -> str:
+        out = [
+            f"{line}{value(instance) * counter_scale!r}\n"
+            if counter and counter_scale != 1.0
+            else f"{line}{value(instance)}\n"
+            for line, value, counter in self.scalars
+        ]
+        out += [lines.render(value(instance), counter_scale) for lines, value in self.histograms]
         return "".join(out)
 
 
@@ -156,6 +168,11 @@ class EngineMetricsServer:
 
     A minimal asyncio HTTP/1.1 server on its own thread: http.server's per-request overhead
     (~0.5 ms) alone would exceed the scrape budget for a thousand pods.
+
+    `counter_scale` multiplies every counter (histogram buckets, sums and counts included) when
+    the engine runs faster than the wall clock that Prometheus rates by: at wall seconds per
+    simulated second, rates come out per simulated second (tokens/s a replica really serves,
+    what the profile seeds are in) and means and quantiles are unchanged.
     """
 
     def __init__(
@@ -166,10 +183,14 @@ class EngineMetricsServer:
         dialect: Dialect = VLLM,
         host: str = "127.0.0.1",
         port: int = 0,
+        counter_scale: float = 1.0,
     ) -> None:
         if dialect.buckets != engine.buckets:
             raise ValueError(f"the engine's histogram bounds are not {dialect.name}'s")
+        if counter_scale <= 0:
+            raise ValueError(f"counter_scale must be positive, got {counter_scale}")
         self.engine = engine
+        self.counter_scale = counter_scale
         self.lock = lock
         self.dialect = dialect
         self._pods: dict[tuple[str, str], tuple[SimPod, _Template]] = {}
@@ -257,7 +278,7 @@ class EngineMetricsServer:
             return None
         sim_pod, template = entry
         with self.lock:
-            return template.render(self.engine.instance(sim_pod.instance))
+            return template.render(self.engine.instance(sim_pod.instance), self.counter_scale)
 
     def _respond(self, head: bytes) -> bytes:
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
