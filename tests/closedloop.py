@@ -72,9 +72,8 @@ def pdd_body(prometheus_url: str, *, prefill_max: int = 2, spill: bool = False) 
     body["metadata"]["name"] = NAME
     spec = body["spec"]
     # The sample's model (GLM-4.6) has no performance profile, so the policy learns capacity from
-    # what Prometheus reports. A profile seed would be in simulated tokens per second while
-    # Prometheus's rates are per wall second, 1 / TIME_SCALE times more: feed-forward would
-    # over-provision at once and the feedback loop under test would never act.
+    # what Prometheus reports and the feedback loop under test acts first; with a profile (the
+    # simulated engines are GLM-4.5-FP8's) feed-forward would size from the seed.
     spec["slo"] = {
         "ttft": {"percentile": "P50", "targetMilliseconds": TTFT_TARGET_MS},
         "itl": {"percentile": "P50", "targetMilliseconds": 25},

@@ -216,6 +216,38 @@ def test_load_step_grows_prefill_until_ttft_meets_target_then_shrinks_after_the_
     assert min(r["decode-h200"] for r in history) == 1
 
 
+def test_a_profiled_model_under_time_compression_reads_its_demand_per_simulated_second(
+    api_client, namespace, prometheus, operator, simulate
+):
+    # The engines run 20x faster than Prometheus's clock; their counters are scaled so rates
+    # are per simulated second, the unit of the profile seeds. One request per simulated second
+    # of 4,000-token prompts is ~4,000 tokens/s against ~30,000 one S5000 replica serves: one
+    # replica. Read per wall second (20 requests/s, 80,000 tokens/s) feed-forward would have
+    # grown prefill to its max of four at once.
+    sim = simulate(load((LIGHT, 0)))
+    body = pdd_body(prometheus.url, prefill_max=4)
+    body["spec"]["model"]["name"] = "zai-org/GLM-4.5-FP8"  # the profile the engines simulate
+    create_pdd(api_client, namespace, body)
+    with Watcher(api_client, namespace) as watcher:
+        wait_for(
+            lambda: (d := sim.deployment(namespace, NAME)) and d.load_start_s is not None,
+            timeout=60,
+            what="a Ready prefill and decode pod serving the load",
+        )
+
+        def observed_rate() -> float | None:
+            status = get_pdd(api_client, namespace, NAME).get("status") or {}
+            return (status.get("observed") or {}).get("requestsPerSecond")
+
+        wait_for(observed_rate, timeout=60, what="the request rate in status.observed")
+        time.sleep(WINDOW + 2 * INTERVAL)  # a whole window of steady load, two decisions
+        rate = observed_rate()
+        assert rate is not None and 0.6 <= rate <= 1.5, rate
+        assert {r["prefill-s5000"] for r in watcher.since(0)} == {1}
+        obj = get_pdd(api_client, namespace, NAME)
+        assert "demand" in obj["status"]["lastDecision"]["reason"]  # feed-forward had a say
+
+
 def test_prometheus_outage_holds_replicas_and_recovers(
     api_client, namespace, prometheus, operator, simulate
 ):
