@@ -41,6 +41,7 @@ CONTROLLERS = [
     "endpointslice-controller",
 ]
 START_TIMEOUT_SECONDS = 60
+CRD_ESTABLISHED_TIMEOUT_S = 60
 
 
 def _kubeconfig(server: str, ca: Path, client: KeyPair, user: str) -> str:
@@ -91,10 +92,22 @@ class KubectlCluster:
             "apply", "--server-side", "--field-manager=pd-operator", "-f", "-",
             input_text=render_crd(),
         )  # fmt: skip
-        self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/pddeployments.pdoperator.io",
-        )  # fmt: skip
+        # Polled rather than `kubectl wait --for=condition=Established`: until the apiserver has
+        # written the CRD's first status, kubectl wait fails at once (".status.conditions
+        # accessor error: <nil>") instead of waiting.
+        established = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
+        while True:
+            status = self.kubectl(
+                "get", "crd/pddeployments.pdoperator.io", "-o", f"jsonpath={established}"
+            )
+            if status.strip() == "True":
+                return
+            if time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"the PDDeployment CRD was not Established within {CRD_ESTABLISHED_TIMEOUT_S} s"
+                )
+            time.sleep(0.2)
 
 
 class LocalCluster(KubectlCluster):
