@@ -170,6 +170,7 @@ def _capacity(
     loads: dict[Role, RoleLoad],
     pools: list[_Pool],
     now: float,
+    prompt: float,
 ) -> RoleCapacity:
     load = loads[role]
     remembered = {
@@ -177,7 +178,6 @@ def _capacity(
         for p in pools
         if p.memory.capacity_per_replica is not None
     }
-    prompt = _mean_prompt(spec, loads, role)
     # Signals over a window in which replicas became Ready (or left) mix two sizes: what they
     # say per replica is wrong either way, so they teach nothing until the window has passed.
     settled = all(p.window_ready(now, spec.slo.window_seconds)[1] for p in pools)
@@ -513,8 +513,11 @@ def decide(
         if futility[role][0] is not None:
             note = f"{loads[role].note}; the last scale-up did not lower this breach"
             loads[role] = replace(loads[role], futile=True, note=note)
+    prompts = {role: _mean_prompt(spec, loads, role) for role in ROLES}
     capacities = {
-        role: _capacity(spec, role, state=state, loads=loads, pools=work[role], now=now)
+        role: _capacity(
+            spec, role, state=state, loads=loads, pools=work[role], now=now, prompt=prompts[role]
+        )
         for role in ROLES
     }
     for role in ROLES:
@@ -531,7 +534,7 @@ def decide(
             work[role],
             loads[role],
             capacity=capacities[role],
-            prompt=_mean_prompt(spec, loads, role),
+            prompt=prompts[role],
             gates=gates,
             ledger=ledger,
             now=now,

@@ -697,25 +697,27 @@ class PDEngine:
         start = self._turn % len(instances)
         return instances[start:] + instances[:start]
 
-    def _cached_prefix(self, instance: _Prefill, req: _Req) -> int:
-        """Tokens of the request's prefix in the instance's cache now (the LRU order untouched:
-        looking is not using)."""
+    @staticmethod
+    def _leading_hits(instance: _Prefill, req: _Req) -> int:
+        """Blocks of the request's prefix in the instance's cache, up to the first missing one."""
         cache, hits = instance.cache, 0
         for block in req.hash_ids:
             if block not in cache:
                 break
             hits += 1
+        return hits
+
+    def _cached_prefix(self, instance: _Prefill, req: _Req) -> int:
+        """Tokens of the request's prefix in the instance's cache now (the LRU order untouched:
+        looking is not using)."""
+        hits = self._leading_hits(instance, req)
         return min(hits * self.prefix_block_tokens, req.input_tokens - 1)
 
     def _cached_tokens(self, instance: _Prefill, req: _Req) -> int:
         if req.hash_ids:
-            cache = instance.cache
-            hits = 0
-            for block in req.hash_ids:
-                if block not in cache:
-                    break
-                cache.move_to_end(block)
-                hits += 1
+            hits = self._leading_hits(instance, req)
+            for block in req.hash_ids[:hits]:  # used now: the most recent in the LRU order
+                instance.cache.move_to_end(block)
             cached = hits * self.prefix_block_tokens
         else:
             cached = req.cached_hint

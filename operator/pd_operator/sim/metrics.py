@@ -15,6 +15,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from types import TracebackType
@@ -89,18 +90,21 @@ class _HistogramLines:
     count: str
 
     def render(self, histogram: Histogram, scale: float) -> str:
-        cumulative = histogram.cumulative()
+        counter = _counter_text(scale)
         lines = [self.header]
-        if scale == 1.0:
-            lines += [f"{line}{n}\n" for line, n in zip(self.buckets, cumulative, strict=True)]
-            lines.append(f"{self.sum}{histogram.sum!r}\n{self.count}{histogram.count}\n")
-        else:
-            lines += [
-                f"{line}{n * scale!r}\n" for line, n in zip(self.buckets, cumulative, strict=True)
-            ]
-            sum_, count = histogram.sum * scale, histogram.count * scale
-            lines.append(f"{self.sum}{sum_!r}\n{self.count}{count!r}\n")
+        lines += [
+            f"{line}{counter(n)}\n"
+            for line, n in zip(self.buckets, histogram.cumulative(), strict=True)
+        ]
+        lines.append(
+            f"{self.sum}{histogram.sum * scale!r}\n{self.count}{counter(histogram.count)}\n"
+        )
         return "".join(lines)
+
+
+def _counter_text(scale: float) -> Callable[[float], str]:
+    """How a counter's value is written: as it is, or scaled (see EngineMetricsServer)."""
+    return str if scale == 1.0 else lambda value: repr(value * scale)
 
 
 class _Template:
@@ -153,10 +157,9 @@ class _Template:
         )
 
     def render(self, instance: Instance, counter_scale: float) -> str:
+        scaled = _counter_text(counter_scale)
         out = [
-            f"{line}{value(instance) * counter_scale!r}\n"
-            if counter and counter_scale != 1.0
-            else f"{line}{value(instance)}\n"
+            f"{line}{(scaled if counter else str)(value(instance))}\n"
             for line, value, counter in self.scalars
         ]
         out += [lines.render(value(instance), counter_scale) for lines, value in self.histograms]
