@@ -5,6 +5,7 @@ ReplicaSets and Pods, namespaces are finalized and owner references garbage-coll
 and no scheduler: the mock scheduler (pd_operator.sim) plays both for simulated nodes.
 """
 
+import json
 import shutil
 import ssl
 import subprocess
@@ -92,16 +93,16 @@ class KubectlCluster:
             "apply", "--server-side", "--field-manager=pd-operator", "-f", "-",
             input_text=render_crd(),
         )  # fmt: skip
-        # Polled rather than `kubectl wait --for=condition=Established`: until the apiserver has
-        # written the CRD's first status, kubectl wait fails at once (".status.conditions
-        # accessor error: <nil>") instead of waiting.
-        established = '{.status.conditions[?(@.type=="Established")].status}'
+        # Polled, as JSON: until the apiserver has written the CRD's first status, both
+        # `kubectl wait --for=condition=Established` and a jsonpath filter on the conditions
+        # fail at once (".status.conditions ... nil") instead of waiting.
         deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
         while True:
-            status = self.kubectl(
-                "get", "crd/pddeployments.pdoperator.io", "-o", f"jsonpath={established}"
-            )
-            if status.strip() == "True":
+            crd = json.loads(self.kubectl("get", "crd/pddeployments.pdoperator.io", "-o", "json"))
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if any(
+                c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+            ):
                 return
             if time.monotonic() > deadline:
                 raise LocalClusterError(
