@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
-from pd_operator.core.perfmodel import DecodeCoefficients, PrefillCoefficients
+from pd_operator.core.perfmodel import DecodeCoefficients, PrefillCoefficients, decode_itl_ms
 from pd_operator.sim.engine import (
     DEFAULT_LINK_BYTES_PER_SECOND,
     ROUTINGS,
@@ -185,12 +185,15 @@ def step_by_step_finish_times(
     return finish, gaps
 
 
-def test_batched_decode_matches_a_step_by_step_simulation():
+@pytest.mark.parametrize("decode_spec", [SPEC, H200], ids=["fitted", "moe-h200"])
+def test_batched_decode_matches_a_step_by_step_simulation(decode_spec: ReplicaSpec):
+    """Also for an MoE replica, whose step reads only the experts its batch touches: the step
+    time changes with every join and finish."""
     lengths = TokenLengths(2000, 120, input_cv=1.0, output_cv=1.0)
     requests = [r for r in poisson(6, 120, lengths, seed=2) if r.output_tokens > 1]
-    result = engine(requests, prefill=4, decode=1).run()
+    result = engine(requests, prefill=4, decode=1, decode_spec=decode_spec).run()
     joins = [(r.first_token_s, r.id, r.input_tokens, r.output_tokens) for r in result.records]
-    finish, gaps = step_by_step_finish_times(joins, DECODE)
+    finish, gaps = step_by_step_finish_times(joins, decode_spec.decode)
     for record in result.records:
         assert record.finish_s == pytest.approx(finish[record.id], abs=1e-6)
     # The instance's ITL histogram holds exactly the reference's per-token gaps.
@@ -455,6 +458,18 @@ def test_instance_histograms_agree_with_the_recorded_latencies():
             expected[bisect.bisect_left(bounds, r.ttft_s)] += 1
         assert instance.ttft.counts == expected
         assert instance.ttft.sum == pytest.approx(sum(r.ttft_s for r in mine))
+
+
+def test_a_lone_moe_sequence_decodes_at_the_models_batch_of_one_itl():
+    """GLM-4.5 on 8 H200: one sequence touches 8 of 160 routed experts per layer, so its steps
+    read a fraction of the weights; the engine agrees with the planner's `decode_itl_ms`."""
+    prompt, output = 13_000, 50
+    result = engine([Request(0.0, prompt, output)], prefill=1, decode=1, decode_spec=H200).run()
+    steps = [decode_itl_ms(H200_SXM, GLM_45_FP8, 8, 1, prompt + 1 + k) for k in range(output - 1)]
+    assert result.records[0].itl_mean_s * 1000 == pytest.approx(statistics.mean(steps), rel=1e-6)
+    # Reading every expert each step would take over four times as long.
+    every_expert = H200.decode.a_ms + H200.decode.routed_ms
+    assert result.records[0].itl_mean_s * 1000 < every_expert / 4
 
 
 def test_replica_spec_from_profiles_uses_the_performance_model():

@@ -24,6 +24,7 @@ from pd_operator.core.hardware import (
     MTT_S5000,
 )
 from pd_operator.core.perfmodel import (
+    DEFAULT_DECODE_OVERHEAD_MS,
     DecodeCoefficients,
     PrefillCoefficients,
     decode_itl_ms,
@@ -170,6 +171,21 @@ def test_fitted_decode_coefficients_apply_the_published_form():
     fit = DecodeCoefficients(a_ms=10.0, b_ms_per_context_token=1e-5, c_ms_per_sequence=0.1)
     assert fit.step_ms(batch=4, total_context_tokens=100_000) == pytest.approx(10 + 1 + 0.4)
     assert fit.step_ms(batch=0, total_context_tokens=0) == 0.0
+
+
+def test_moe_decode_steps_read_the_routed_experts_their_batch_touches():
+    moe = DecodeCoefficients(
+        a_ms=2.0,
+        b_ms_per_context_token=0.0,
+        c_ms_per_sequence=0.0,
+        routed_ms=10.0,
+        expert_share=0.5,
+    )
+    assert moe.step_ms(1, 0) == pytest.approx(2 + 10 * 0.5)
+    assert moe.step_ms(2, 0) == pytest.approx(2 + 10 * 0.75)
+    assert moe.step_ms(64, 0) == pytest.approx(12.0)
+    with pytest.raises(ValueError, match="expert_share"):
+        dataclasses.replace(moe, expert_share=1.5)
 
 
 # --- anchor: Llama-2-70B on 8xH100 (fitted: 29.8 + 0.056 L + 5.4e-6 L^2 ms) ---------------------
@@ -394,3 +410,15 @@ def test_profiles_are_immutable_values():
     assert hash(dataclasses.replace(GLM_45_FP8)) == hash(GLM_45_FP8)
     with pytest.raises(dataclasses.FrozenInstanceError):
         H200_SXM.mfu = 0.9  # type: ignore[misc]
+
+
+@given(model_profiles, st.integers(min_value=1, max_value=4096))
+def test_decode_step_of_a_batch_reads_what_decode_weight_bytes_says(model, batch):
+    hardware = HARDWARE_PROFILES["h200"]
+    cards = 8
+    coefficients = DecodeCoefficients.from_profiles(hardware, model, cards)
+    no_context = coefficients.step_ms(batch, 0) - coefficients.c_ms_per_sequence * batch
+    weights_ms = decode_weight_bytes(model, batch) / (
+        cards * hardware.memory_bandwidth_bytes_per_second * hardware.mbu
+    )
+    assert no_context == pytest.approx(DEFAULT_DECODE_OVERHEAD_MS + weights_ms * 1000, rel=1e-9)

@@ -8,7 +8,8 @@ the published anchors they are checked against are in docs/performance-model.md.
 Prefill batch time is `a + b*sum(L - P) + c*sum(L**2 - P**2)` for prompts of L tokens whose
 first P tokens hit the prefix cache: cached tokens skip the linear (GEMM) work, and the uncached
 rows of causal attention still attend to the cached prefix. Decode step time is
-`a + b*sum(context) + c*batch`.
+`a + routed*touched(batch) + b*sum(context) + c*batch`, where an MoE batch reads only the
+routed experts it touches.
 """
 
 import math
@@ -140,30 +141,47 @@ def decode_weight_bytes(model: ModelProfile, batch: int | None = None) -> float:
     """Weight bytes one decode step reads for `batch` sequences.
 
     A dense model reads all of them. An MoE step reads the shared parameters plus the routed
-    experts the batch touches: 1 - (1 - k/E)**batch of them under uniform independent routing,
-    an upper bound (real routing concentrates on hot experts). `None` reads every expert.
+    experts the batch touches: `routed_share_touched` of them. `None` reads every expert.
     """
     if batch is None or model.routed_experts == 0:
         return float(model.weight_bytes)
     if batch < 1:
         raise ValueError(f"a decode batch has at least one sequence, got {batch}")
-    untouched = (1 - model.experts_per_token / model.routed_experts) ** batch
+    touched = routed_share_touched(model.experts_per_token / model.routed_experts, batch)
     routed_params = model.total_params - model.shared_params
-    return (model.shared_params + routed_params * (1 - untouched)) * model.weight_dtype_bytes
+    return (model.shared_params + routed_params * touched) * model.weight_dtype_bytes
+
+
+def routed_share_touched(expert_share: float, batch: float) -> float:
+    """Share of the routed experts a step of `batch` sequences reads when each sequence uses
+    `expert_share` of them: 1 - (1 - share)**batch under uniform independent routing, an upper
+    bound (real routing concentrates on hot experts)."""
+    return 1 - (1 - expert_share) ** batch if batch > 0 else 0.0
 
 
 @dataclass(frozen=True)
 class DecodeCoefficients:
-    """Decode step time `a + b*sum(context) + c*batch` in milliseconds."""
+    """Decode step time `a + routed*touched(batch) + b*sum(context) + c*batch` in milliseconds.
+
+    `routed` is one read of every routed expert (MoE; 0 for a dense model or a fit), of which a
+    step reads the share its batch touches (`routed_share_touched` at `expert_share`): small
+    batches of an MoE model skip experts no sequence routes to.
+    """
 
     a_ms: float
     b_ms_per_context_token: float
     c_ms_per_sequence: float
+    routed_ms: float = 0.0
+    expert_share: float = 0.0
 
     def __post_init__(self) -> None:
         for value in (self.a_ms, self.b_ms_per_context_token, self.c_ms_per_sequence):
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"decode coefficients must be finite and >= 0, got {self}")
+        if not math.isfinite(self.routed_ms) or self.routed_ms < 0:
+            raise ValueError(f"routed_ms must be finite and >= 0, got {self.routed_ms}")
+        if not 0 <= self.expert_share <= 1:
+            raise ValueError(f"expert_share must lie in [0, 1], got {self.expert_share}")
 
     @classmethod
     def from_profiles(
@@ -172,36 +190,44 @@ class DecodeCoefficients:
         model: ModelProfile,
         cards: int,
         *,
-        batch: int | None = None,
         overhead_ms: float = DEFAULT_DECODE_OVERHEAD_MS,
         exposed_exchange: bool | None = None,
     ) -> "DecodeCoefficients":
         """Memory-bound coefficients: weight and KV bytes over cards x bandwidth x MBU.
 
-        For an MoE model the weight read in `a` depends on how many experts a step touches, so
-        the coefficients are linearised at `batch` (None: every expert, the large-batch case).
-        Per-sequence GEMM FLOPs stay hidden under the weight read at decode batch sizes; `c` is
-        each sequence's exposed card-to-card exchange (dense models; 0 for MoE by default).
+        `a` reads the weights every step reads (all of a dense model, an MoE model's shared
+        parameters), `routed` every routed expert once. Per-sequence GEMM FLOPs stay hidden under
+        the weight read at decode batch sizes; `c` is each sequence's exposed card-to-card
+        exchange (dense models; 0 for MoE by default).
         """
         _require_cards(cards)
         kv_read_ms = _weight_read_ms(hardware, cards, kv_bytes_per_token(model))
+        every_step, routed_ms, share = float(model.weight_bytes), 0.0, 0.0
+        if model.routed_experts:
+            every_step = float(model.shared_params * model.weight_dtype_bytes)
+            routed_bytes = (model.total_params - model.shared_params) * model.weight_dtype_bytes
+            routed_ms = _weight_read_ms(hardware, cards, routed_bytes)
+            share = model.experts_per_token / model.routed_experts
         return cls(
-            a_ms=overhead_ms + _weight_read_ms(hardware, cards, decode_weight_bytes(model, batch)),
+            a_ms=overhead_ms + _weight_read_ms(hardware, cards, every_step),
             b_ms_per_context_token=kv_read_ms,
             c_ms_per_sequence=_exchange_ms_per_token(hardware, model, cards, exposed_exchange),
+            routed_ms=routed_ms,
+            expert_share=share,
         )
 
-    def step_ms(self, batch: int, total_context_tokens: int) -> float:
+    def fixed_ms(self, batch: float) -> float:
+        """The part of a step of `batch` sequences that does not grow with their context."""
+        routed = self.routed_ms * routed_share_touched(self.expert_share, batch)
+        return self.a_ms + routed + self.c_ms_per_sequence * batch
+
+    def step_ms(self, batch: float, total_context_tokens: float) -> float:
         """Time of one decode step for `batch` sequences holding `total_context_tokens`."""
         if batch < 0 or total_context_tokens < 0:
             raise ValueError("batch and context must not be negative")
         if batch == 0:
             return 0.0
-        return (
-            self.a_ms
-            + self.b_ms_per_context_token * total_context_tokens
-            + self.c_ms_per_sequence * batch
-        )
+        return self.fixed_ms(batch) + self.b_ms_per_context_token * total_context_tokens
 
 
 def prefill_tokens_per_second_per_card(
@@ -232,7 +258,7 @@ def decode_itl_ms(
     hardware: HardwareProfile, model: ModelProfile, cards: int, batch: int, context_tokens: int
 ) -> float:
     """Inter-token latency of `batch` sequences that each hold `context_tokens` tokens."""
-    coefficients = DecodeCoefficients.from_profiles(hardware, model, cards, batch=batch)
+    coefficients = DecodeCoefficients.from_profiles(hardware, model, cards)
     return coefficients.step_ms(batch, batch * context_tokens)
 
 

@@ -388,10 +388,8 @@ class _Decode(Instance):
         self, name: str, spec: ReplicaSpec, ready_at_s: float, buckets: LatencyBuckets
     ) -> None:
         super().__init__(name, Role.DECODE, spec, ready_at_s, buckets)
-        coefficients = spec.decode
-        self.a_ms = coefficients.a_ms
-        self.b_ms = coefficients.b_ms_per_context_token
-        self.c_ms = coefficients.c_ms_per_sequence
+        self.fixed_ms = spec.decode.fixed_ms  # the step's cost that does not grow with context
+        self.b_ms = spec.decode.b_ms_per_context_token
         self.admission: deque[_Req] = deque()  # routed here, waiting for KV memory
         self.queued_need = 0
         self.transferring = 0
@@ -879,7 +877,7 @@ class PDEngine:
         if batch == 0:
             return
         context = instance.context_offset + batch * instance.steps
-        instance.alpha_ms = instance.a_ms + instance.b_ms * context + instance.c_ms * batch
+        instance.alpha_ms = instance.fixed_ms(batch) + instance.b_ms * context
         n = instance.finishes[0][0] - instance.steps
         instance.target_step = instance.steps + n
         instance.version += 1

@@ -524,9 +524,7 @@ def idle_latencies(
             context = n + 1 + (request.output_tokens - 2) / 2
             tpot = (
                 min(
-                    r.decode.a_ms
-                    + r.decode.c_ms_per_sequence
-                    + r.decode.b_ms_per_context_token * context
+                    r.decode.fixed_ms(1) + r.decode.b_ms_per_context_token * context
                     for r in replicas["decode"]
                 )
                 / 1000
