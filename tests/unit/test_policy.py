@@ -661,6 +661,39 @@ def test_decode_sizes_its_seed_on_the_prompts_prefill_saw():
     assert profiled_capacity(decision, "decode") == pytest.approx(seed("decode", 1000))
 
 
+ITL_P99 = spec_of({"slo.itl.percentile": "P99"})
+
+
+@pytest.mark.parametrize(
+    ("running", "grows"),
+    [
+        # 72% of the seed with 1,000-token prompts: some 300 sequences in the batch, 12 ms
+        # steps. A batch that barely moves keeps within the 80% margin...
+        ([300.0] * 20, False),
+        # ...one swinging between 150 and 450 (variance over mean 75) would breach the P99
+        # ITL at its peaks: decode grows before the mean does.
+        ([150.0, 450.0] * 10, True),
+    ],
+)
+def test_decode_leaves_room_for_the_bursts_its_batch_has_shown(running, grows):
+    slo = PROFILED.slo.model_copy(update={"itl": ITL_P99.slo.itl})
+    spec = PROFILED.model_copy(update={"slo": slo})
+    per_replica, state, now = seed("decode", 1000), PolicyState(), T0
+    counts = {("prefill", "p"): 2, ("decode", "d"): 1}
+    sizes = []
+    for sample in running:
+        observation = observe(
+            spec, now, counts, prefill={"ratio": 0.3, "tokens": 1000.0},
+            decode={"ratio": 0.6, "tokens": 0.72 * per_replica, "running": sample},
+        )  # fmt: skip
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        sizes.append(replicas(decision, "decode", "d"))
+        state, now = decision.state, now + INTERVAL
+    assert (max(sizes) > 1) is grows
+    assert sizes[0] == 1  # one sample shows no bursts yet
+
+
 def test_a_saturated_prefill_breach_measures_throughput():
     # Prompts wait, so both replicas were busy all the time: 2000 tokens/s is what two
     # replicas serve, not what they would serve at the target.
@@ -1249,6 +1282,8 @@ def test_every_field_of_the_state_is_plain_json():
                 no_traffic_since=T0,
                 unavailable_since=T0,
                 stuck_since=T0,
+                running_mean=24.0,
+                running_square_mean=700.0,
             )
         },
     )

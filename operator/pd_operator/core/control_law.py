@@ -75,6 +75,7 @@ class RoleLoad:
     demand_tokens_per_second: float | None = None  # served, plus the queue to drain
     memory_pressure: float | None = None  # decode KV usage x (running + waiting) / running
     mean_prompt_tokens: float | None = None
+    running_requests: float | None = None  # summed over the Ready replicas, at the sample
     # Prefill requests wait: every replica is busy, so what they serve is their throughput.
     saturated: bool = False
     # Replicas became Ready within the window: they drain the queue, which is then no reason
@@ -171,6 +172,7 @@ def read_load(
         demand_tokens_per_second=demand,
         memory_pressure=pressure,
         mean_prompt_tokens=mean_prompt,
+        running_requests=running,
         saturated=role == "prefill" and bool(waiting),
         nothing_finished=latency.value is None and seconds is not None,
         tail_only=_tail_only(spec, role, ratio, signals, target_seconds),

@@ -25,8 +25,10 @@ pools keep their relative speeds (from profiles, else cards per replica).
 """
 
 import functools
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Literal
 
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, PoolSpec, Role
@@ -37,6 +39,7 @@ from pd_operator.core.hardware import (
     ModelProfile,
 )
 from pd_operator.core.perfmodel import (
+    DecodeCoefficients,
     PrefillCoefficients,
     decode_itl_ms,
     max_concurrent_sequences,
@@ -188,6 +191,77 @@ def _pool_utilisation(
             for length in lengths
         ]
     return pooled_utilisation(service, target_s, share, servers)
+
+
+def decode_utilisation(spec: PDDeploymentSpec, context_tokens: float, dispersion: float) -> float:
+    """The share of its seed capacity a decode replica may serve and still meet the ITL target
+    at its percentile, for the slowest decode pool with a known profile; 1.0 without one.
+
+    The batch swings around its mean: its variance is `dispersion` times the mean (1 for
+    Poisson arrivals, more for bursts), and a step of the batch at the percentile (a normal
+    approximation) must stay within the target. The seed is the batch whose mean step meets
+    it, so a percentile above the median leaves less room; at P50 the seed itself.
+    """
+    target = spec.slo.itl
+    found = [
+        _decode_utilisation(
+            pool.accelerator.profile or "",
+            spec.model.name,
+            pool.accelerator.per_replica,
+            context_tokens=_two_digits(context_tokens),
+            target_ms=target.target_milliseconds,
+            z=NormalDist().inv_cdf(PERCENTILE_SHARES[target.percentile]),
+            dispersion=_two_digits(dispersion),
+        )
+        for pool in spec.pools("decode")
+    ]
+    return min((u for u in found if u is not None), default=1.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_utilisation(
+    profile: str,
+    model_name: str,
+    cards: int,
+    *,
+    context_tokens: float,
+    target_ms: float,
+    z: float,
+    dispersion: float,
+) -> float | None:
+    hardware, model = HARDWARE_PROFILES.get(profile), model_profile_for(model_name)
+    if hardware is None or model is None:
+        return None
+    coefficients = DecodeCoefficients.from_profiles(hardware, model, cards)
+    most = min(
+        MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, round(context_tokens))
+    )
+    if most < 1:
+        return None
+
+    def step_ms(batch: float) -> float:
+        return coefficients.step_ms(batch, batch * context_tokens)
+
+    def fits(mean: float) -> bool:
+        swing = max(0.0, z) * math.sqrt(dispersion * mean)
+        return step_ms(min(float(most), mean + swing)) <= target_ms
+
+    seed = _largest(lambda batch: step_ms(batch) <= target_ms, most)
+    mean = _largest(fits, seed)
+    if seed <= 0 or mean <= 0:
+        return None
+    return (mean / step_ms(mean)) / (seed / step_ms(seed))
+
+
+def _largest(holds: Callable[[float], bool], most: float) -> float:
+    """The largest batch in (0, most] for which `holds` is true (it is monotone); 0: none."""
+    if holds(most):
+        return most
+    low, high = 0.0, most
+    for _ in range(40):  # to well under a sequence
+        middle = (low + high) / 2
+        low, high = (middle, high) if holds(middle) else (low, middle)
+    return low
 
 
 def seed_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec) -> float | None:

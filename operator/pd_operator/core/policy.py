@@ -43,6 +43,7 @@ from pd_operator.core.learning import (
     BREACH_RATIO,
     DEFAULT_PROMPT_TOKENS,
     RoleCapacity,
+    decode_utilisation,
     estimate_capacity,
     prefill_utilisation,
     seed_load_seconds,
@@ -62,6 +63,9 @@ WORSE_FACTOR = 1.2
 # models take minutes to load and warm up.
 DEFAULT_LOAD_SECONDS = 300.0
 LOAD_EMA_WEIGHT = 0.5
+# Weight of one decision's sample of the running requests in their moving averages: about
+# the last 20 decisions (5 minutes at the default interval) tell how bursty the batch is.
+RUNNING_EMA_WEIGHT = 0.05
 # A breach that a scale-up lowered by less than this share, once the new replicas served a
 # whole window and the demand did not grow, is not one that replicas fix: a latency floor above
 # the target (prompts too long for it, a percentile in the tail of a few such requests).
@@ -148,11 +152,23 @@ def _mean_prompt(spec: PDDeploymentSpec, loads: dict[Role, RoleLoad], role: Role
 
 
 def _utilisation(
-    spec: PDDeploymentSpec, role: Role, capacity: RoleCapacity, prompt: float, slots: list[Slot]
+    spec: PDDeploymentSpec,
+    role: Role,
+    capacity: RoleCapacity,
+    prompt: float,
+    slots: list[Slot],
+    *,
+    memory: RoleMemory,
 ) -> tuple[float, float]:
     """The shares of the estimated capacity the role grows at and shrinks to."""
-    if role != "prefill" or capacity.basis is None:
+    if capacity.basis is None:
         return TARGET_UTILISATION, SCALE_DOWN_UTILISATION
+    if role == "decode":
+        # A bursty batch swings past the mean: the fixed margins are the most decode may use,
+        # less when the batch at the ITL percentile would breach the target.
+        room = decode_utilisation(spec, prompt, memory.batch_dispersion())
+        grow_at = min(TARGET_UTILISATION, room)
+        return grow_at, grow_at * SCALE_DOWN_UTILISATION / TARGET_UTILISATION
     replicas = sum(s.placeable for s in slots)
     per_replica = capacity.per_replica
     # The queueing estimate only raises the margins: it does not see bursts, nor lengths more
@@ -277,6 +293,7 @@ def _decide_role(
     prompt: float,
     gates: tuple[bool, LimitedBy | None],
     ledger: FreeCapacity | None,
+    memory: RoleMemory,
     now: float,
 ) -> tuple[FreeCapacity | None, LimitedBy | None]:
     """Set every pool's value; return the ledger after it and whether the role fell short."""
@@ -304,7 +321,7 @@ def _decide_role(
             ready,
             placeable,
             one_less(slots),
-            utilisation=_utilisation(spec, pools[0].role, capacity, prompt, slots),
+            utilisation=_utilisation(spec, pools[0].role, capacity, prompt, slots, memory=memory),
         )
         if need.grow_to is not None:
             allocation = grow(slots, need.grow_to, ledger)
@@ -454,8 +471,22 @@ def _remember(
             no_traffic_since=_since(old.no_traffic_since, now, load.status == "idle"),
             unavailable_since=_since(old.unavailable_since, now, load.status == "unavailable"),
             stuck_since=_since(old.stuck_since, now, load.nothing_finished),
+            **_running_averages(old, load.running_requests if load.status == "active" else None),
         )
     return PolicyState(pools=pools, roles=roles)
+
+
+def _running_averages(old: RoleMemory, running: float | None) -> dict[str, float | None]:
+    """The moving averages of the running requests and their square after one more sample."""
+    if running is None:
+        return {"running_mean": old.running_mean, "running_square_mean": old.running_square_mean}
+    if old.running_mean is None or old.running_square_mean is None:
+        return {"running_mean": running, "running_square_mean": running * running}
+    w = RUNNING_EMA_WEIGHT
+    return {
+        "running_mean": w * running + (1 - w) * old.running_mean,
+        "running_square_mean": w * running * running + (1 - w) * old.running_square_mean,
+    }
 
 
 def _since(old: float | None, now: float, still: bool) -> float | None:
@@ -537,6 +568,7 @@ def decide(
             prompt=prompts[role],
             gates=gates,
             ledger=ledger,
+            memory=state.role(role),
             now=now,
         )
         grew = any(p.value > p.current for p in work[role])

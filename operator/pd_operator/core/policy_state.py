@@ -60,6 +60,18 @@ class RoleMemory:
     no_traffic_since: float | None = None
     unavailable_since: float | None = None
     stuck_since: float | None = None  # requests held, none finished
+    # Moving averages of the role's running requests and of their square, one sample per
+    # decision: how much the batch swings around its mean (`batch_dispersion`).
+    running_mean: float | None = None
+    running_square_mean: float | None = None
+
+    def batch_dispersion(self) -> float:
+        """Variance over mean of the running requests seen (1 for Poisson arrivals; bursty
+        traffic more); 1 until samples show a mean."""
+        mean, square = self.running_mean, self.running_square_mean
+        if mean is None or square is None or mean <= 0:
+            return 1.0
+        return max(1.0, (square - mean * mean) / mean)
 
 
 @dataclass(frozen=True)
