@@ -109,10 +109,34 @@ def settle(
 
     # A generous budget: a new node waits for the node-lifecycle controller to lift its
     # not-ready taint, which takes longer on a loaded 2-core machine.
-    result: tuple[list[client.V1Pod], list[client.V1Pod]] = wait_for(
-        check, timeout=60, what=f"{app}: {ready} Ready and {pending} Pending"
-    )
+    try:
+        result: tuple[list[client.V1Pod], list[client.V1Pod]] = wait_for(
+            check, timeout=60, what=f"{app}: {ready} Ready and {pending} Pending"
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{what_is_there(api_client, namespace, app)}") from error
     return result
+
+
+def what_is_there(api_client: client.ApiClient, namespace: str, app: str) -> str:
+    """The app's pods and the test's nodes as they are: what a timed-out wait saw."""
+    lines = []
+    for pod in pods(api_client, namespace, app):
+        ready = condition(pod, "Ready")
+        lines.append(
+            f"pod {pod.metadata.name}: node={pod.spec.node_name} phase={pod.status.phase} "
+            f"ready={ready.status if ready else None} pending={pending_message(pod)!r} "
+            f"deleting={pod.metadata.deletion_timestamp is not None}"
+        )
+    for node in client.CoreV1Api(api_client).list_node().items:
+        if node.metadata.name.startswith(f"{namespace}-"):
+            taints = [f"{t.key}:{t.effect}" for t in node.spec.taints or []]
+            ready = next((c for c in node.status.conditions or [] if c.type == "Ready"), None)
+            lines.append(
+                f"node {node.metadata.name}: ready={ready.status if ready else None} "
+                f"taints={taints}"
+            )
+    return "\n".join(lines)
 
 
 def test_pods_that_do_not_fit_stay_pending_with_the_schedulers_words_and_one_event(
