@@ -49,7 +49,8 @@ class PendingPod:
     demand: PodDemand
     order: tuple[int, str, str, str]  # higher priority first, then older, then by name
     message: str = ""  # the Unschedulable message last written to the pod
-    in_flight: bool = False  # a Binding call is out
+    in_flight: bool = False  # a Binding or a status write is out
+    passed_over: bool = False  # a pass ran while it was in flight
 
 
 @dataclass
@@ -215,7 +216,13 @@ class MockScheduler:
         began = time.monotonic()
         for uid in [u for u, p in self.placed.items() if not p.confirmed and p.expires < began]:
             self._release(uid)
-        queue = sorted((p for p in self.pending.values() if not p.in_flight), key=lambda p: p.order)
+        queue = []
+        for pod in self.pending.values():
+            if pod.in_flight:
+                pod.passed_over = True
+            else:
+                queue.append(pod)
+        queue.sort(key=lambda p: p.order)
         decisions = schedule(
             [(p.uid, p.demand) for p in queue], list(self.nodes.values()), self.usage
         )
@@ -226,7 +233,10 @@ class MockScheduler:
                 self._book(pending.uid, _Placement(decision.node, dict(pending.demand.requests)))
                 self._pool.submit(self._bind, pending, decision.node)
             elif decision.message != pending.message:
-                pending.message = decision.message
+                # One write per pod at a time, as kube-scheduler handles one pod at a time: a
+                # Binding sent while this status write waits would be overwritten by it, and
+                # the bound pod would read Unschedulable for good.
+                pending.message, pending.in_flight = decision.message, True
                 self._pool.submit(self._mark_unschedulable, pending, decision.message)
         self.passes += 1
         self.pass_seconds += time.monotonic() - began
@@ -284,6 +294,7 @@ class MockScheduler:
             "lastProbeTime": None,
             "lastTransitionTime": since or now_rfc3339(),
         }
+        written = False
         try:
             self.calls.request(
                 "pod-unschedulable",
@@ -292,14 +303,22 @@ class MockScheduler:
                 {"status": {"conditions": [condition]}},
                 content_type=STRATEGIC_PATCH,
             )
-            self._event(pending, "Warning", "FailedScheduling", message)
-        except ApiException as error:
-            if error.status != 404:
+            written = True
+        except Exception as error:
+            if not (isinstance(error, ApiException) and error.status == 404):
                 log.warning(
                     "marking %s/%s unschedulable failed: %s", pending.namespace, pending.name, error
                 )
                 with self._lock:
                     pending.message = ""  # write it again on the next pass
+        finally:
+            with self._lock:
+                pending.in_flight = False
+                if pending.passed_over:  # a pass left it out meanwhile: decide it now
+                    pending.passed_over = False
+                    self._wake()
+        if written:
+            self._event(pending, "Warning", "FailedScheduling", message)
 
     def _event(self, pending: PendingPod, kind: str, reason: str, message: str) -> None:
         stamp = now_rfc3339()
