@@ -147,9 +147,21 @@ def decode_weight_bytes(model: ModelProfile, batch: int | None = None) -> float:
         return float(model.weight_bytes)
     if batch < 1:
         raise ValueError(f"a decode batch has at least one sequence, got {batch}")
-    touched = routed_share_touched(model.experts_per_token / model.routed_experts, batch)
-    routed_params = model.total_params - model.shared_params
-    return (model.shared_params + routed_params * touched) * model.weight_dtype_bytes
+    every_step, routed, share = _decode_weight_split(model)
+    return every_step + routed * routed_share_touched(share, batch)
+
+
+def _decode_weight_split(model: ModelProfile) -> tuple[float, float, float]:
+    """Bytes every decode step reads, bytes of all routed experts, and the share of them one
+    sequence uses: all weights, 0 and 0 for a dense model."""
+    if model.routed_experts == 0:
+        return float(model.weight_bytes), 0.0, 0.0
+    shared = float(model.shared_params * model.weight_dtype_bytes)
+    return (
+        shared,
+        model.total_params * model.weight_dtype_bytes - shared,
+        model.experts_per_token / model.routed_experts,
+    )
 
 
 def routed_share_touched(expert_share: float, batch: float) -> float:
@@ -202,17 +214,12 @@ class DecodeCoefficients:
         """
         _require_cards(cards)
         kv_read_ms = _weight_read_ms(hardware, cards, kv_bytes_per_token(model))
-        every_step, routed_ms, share = float(model.weight_bytes), 0.0, 0.0
-        if model.routed_experts:
-            every_step = float(model.shared_params * model.weight_dtype_bytes)
-            routed_bytes = (model.total_params - model.shared_params) * model.weight_dtype_bytes
-            routed_ms = _weight_read_ms(hardware, cards, routed_bytes)
-            share = model.experts_per_token / model.routed_experts
+        every_step, routed, share = _decode_weight_split(model)
         return cls(
             a_ms=overhead_ms + _weight_read_ms(hardware, cards, every_step),
             b_ms_per_context_token=kv_read_ms,
             c_ms_per_sequence=_exchange_ms_per_token(hardware, model, cards, exposed_exchange),
-            routed_ms=routed_ms,
+            routed_ms=_weight_read_ms(hardware, cards, routed),
             expert_share=share,
         )
 
