@@ -347,7 +347,8 @@ def estimate_capacity(
     """This interval's capacity estimate, corrected by what the ready replicas serve at the
     latency they show: the seeds times the learned `factor`, or without seeds the remembered
     estimates. `saturated`: the replicas were busy all the time (prefill requests waiting), so
-    in a breach what they served is their throughput, the quantity prefill seeds estimate."""
+    in a breach what they served is their throughput, the quantity prefill seeds estimate; a
+    prefill breach without it teaches nothing."""
     pools: Sequence[PoolSpec] = spec.pools(role)
     known = seeds(spec, role, prompt_tokens)
     from_seeds = bool(known)
@@ -370,6 +371,12 @@ def estimate_capacity(
     served = served_tokens_per_second or 0.0
     # Idle replicas say nothing about capacity, nor does a reading its bucket cannot resolve.
     evidence = None if latency_ratio is None else latency_evidence(latency_ratio, latency_bucket)
+    if role == "prefill" and evidence == "breach" and not saturated:
+        # No prompt waits: the replicas had caught up with all that arrived, so the breach came
+        # from a burst inside the window that they absorbed, not from a throughput short of
+        # the load. The window's served rate averages the burst with the quiet around it and
+        # bounds nothing (a 30 s burst at half the window's mean cut the estimate to 0.4).
+        evidence = None
     ratio = latency_ratio if served > 0 and evidence else None
     if not known:
         ready_cards = sum(ready.get(p.name, 0) * p.accelerator.per_replica for p in pools)
