@@ -25,6 +25,7 @@ from pd_operator.sim.offline import (
     Progress,
     ProgressBar,
     Timing,
+    example_document,
     idle_latencies,
     simulate,
 )
@@ -168,6 +169,26 @@ def test_the_operator_grows_prefill_when_load_triples_and_shrinks_after() -> Non
     prefill = [r["prefill/s5000"] for _, r in result.timeline]
     assert max(prefill) > prefill[0]
     assert prefill[-1] < max(prefill)
+
+
+def test_a_burst_one_prefill_replica_absorbed_does_not_keep_a_second_one() -> None:
+    # 12K prompt tokens/s on one S5000 replica (~40% of it), and 600 prompts in 10 s: the
+    # queue is gone within half a minute, but the minute's P99 TTFT breaches. The second
+    # replica is right to come; it must go once the scale-down window has passed, not be kept
+    # by a capacity estimate cut to the minute's average rate.
+    spec = parse_pddeployment(example_document(percentile="P99")).spec
+    burst_at, step = 610, 10.0
+    rates = [6.0] * int(1800 / step)
+    rates[int(burst_at / step)] = 60.0
+    requests = list(synthetic_requests(step_rate(rates, step), TokenLengths(2000, 20), seed=3))
+    result = simulate(spec, requests, "pd-operator", model=GLM_45_FP8)
+    prefill = [(t, r["prefill/s5000"]) for t, r in result.timeline]
+    assert max(size for _, size in prefill) == 2
+    grown = next(t for t, size in prefill if size == 2)
+    back = next(t for t, size in prefill if t > grown and size == 1)
+    down = spec.scaling.scale_down.stabilization_seconds
+    assert back <= burst_at + down + spec.slo.window_seconds + 2 * spec.scaling.interval_seconds
+    assert prefill[-1][1] == 1
 
 
 def test_same_seed_same_result() -> None:
