@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -203,6 +204,44 @@ def test_azure_reader_parses_wall_clock_with_100ns_digits(tmp_path: Path):
         (100, 1),  # a request always yields at least one token
     ]
     assert all(r.hash_ids == () for r in requests)
+
+
+def test_azure_reader_takes_the_2024_traces_zoned_timestamps(tmp_path: Path):
+    # The 2024 week-long traces write microseconds and a zone; any zone is read as UTC.
+    path = tmp_path / "azure2024.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+        "2024-05-10 00:00:00.009930+00:00,2048,28\r\n"
+        "2024-05-10T00:00:01.5Z,100,10\r\n"
+        "2024-05-10 02:00:03.009930+02:00,300,20\r\n"
+        "2024-05-09 23:00:04-01:00,400,30\r\n"
+    )
+    requests = list(read_azure(path))
+    assert [r.arrival_s for r in requests] == pytest.approx([0.0, 1.49007, 3.0, 3.99007])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n16/11/2023 18:17,10,1\n",
+            "line 2: TIMESTAMP '16/11/2023 18:17': want 'YYYY-MM-DD HH:MM:SS.fffffff'",
+        ),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,1\n"
+            "2023-11-16 18:17:04,ten,1\n",
+            "line 3: invalid literal for int",
+        ),
+        ("TIMESTAMP,Context,Generated\n2023-11-16 18:17:03,10,1\n", "no ContextTokens, Generated"),
+    ],
+)
+def test_a_malformed_azure_trace_names_the_line_or_column_to_fix(
+    tmp_path: Path, text: str, message: str
+):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        list(read_azure(path))
 
 
 def write_servegen(path: Path, rows: list[tuple[int, float, str, str]]) -> Path:

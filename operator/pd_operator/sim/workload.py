@@ -14,6 +14,7 @@ import csv
 import json
 import math
 import random
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
@@ -320,28 +321,48 @@ def read_mooncake(path: str | Path, options: ReplayOptions = ReplayOptions()) ->
     return _replay(_mooncake_rows(Path(path)), options)
 
 
+# 'YYYY-MM-DD HH:MM:SS' with any fraction digits (the 2023 traces write 100 ns ones), a 'T'
+# for the space, and an optional zone ('Z', '+00:00': the 2024 traces write one).
+_WALL_CLOCK = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[ T](\d{1,2}):(\d{2}):(\d{2}(?:\.\d+)?)\s*(Z|[+-]\d{2}:?\d{2})?"
+)
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
 def _wall_clock_s(text: str) -> tuple[int, float]:
-    """(day ordinal, seconds into the day) of 'YYYY-MM-DD HH:MM:SS.fffffff' (any digits)."""
-    day, clock = text.strip().split(" ")
-    hours, minutes, seconds = clock.split(":")
+    """(day ordinal, seconds into the UTC day, which may run past either end) of a TIMESTAMP."""
+    match = _WALL_CLOCK.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            f"TIMESTAMP {text!r}: want 'YYYY-MM-DD HH:MM:SS.fffffff', optionally with a zone"
+        )
+    day, hours, minutes, seconds, zone = match.groups()
     into_day_s = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    if zone and zone != "Z":
+        offset = zone[1:].replace(":", "")
+        offset_s = int(offset[:2]) * 3600 + int(offset[2:]) * 60
+        into_day_s -= offset_s if zone[0] == "+" else -offset_s  # local time less its offset
     return date.fromisoformat(day).toordinal(), into_day_s
 
 
 def _azure_rows(path: Path) -> Iterator[_Row]:
     with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: no {', '.join(missing)} column; want {AZURE_COLUMNS}")
         first: tuple[int, float] | None = None
-        for record in csv.DictReader(handle):
-            day, seconds = _wall_clock_s(record["TIMESTAMP"])
+        for line, record in enumerate(reader, start=2):
+            try:
+                day, seconds = _wall_clock_s(record["TIMESTAMP"])
+                prompt, output = int(record["ContextTokens"]), int(record["GeneratedTokens"])
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{path}, line {line}: {error}") from None
             if first is None:
                 first = (day, seconds)
             # Relative to the first row; subtracting days first keeps sub-microsecond precision.
             trace_s = (day - first[0]) * 86400 + (seconds - first[1])
-            yield _Row(
-                trace_s,
-                max(1, int(record["ContextTokens"])),
-                max(1, int(record["GeneratedTokens"])),
-            )
+            yield _Row(trace_s, max(1, prompt), max(1, output))
 
 
 def read_azure(path: str | Path, options: ReplayOptions = ReplayOptions()) -> Iterator[Request]:
