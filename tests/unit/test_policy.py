@@ -696,39 +696,29 @@ def test_decode_leaves_room_for_the_bursts_its_batch_has_shown(running, grows):
     assert sizes[0] == 1  # one sample shows no bursts yet
 
 
-def test_a_saturated_prefill_breach_measures_throughput():
-    # Prompts wait, so both replicas were busy all the time: 2000 tokens/s is what two
-    # replicas serve, not what they would serve at the target.
+@pytest.mark.parametrize(
+    ("waiting", "learned"),
+    [
+        # Prompts wait, so both replicas were busy all the time: 2000 tokens/s is what two
+        # replicas serve, not what they would serve at the target.
+        (10.0, 1000.0),
+        # None waits: the replicas caught up with all that arrived. The window's rate averages
+        # a burst with the quiet around it; taken as a bound it would cut the estimate and keep
+        # replicas long after the burst (the Azure code trace: to 0.38 of the profile).
+        (0.0, 5000.0),
+    ],
+)
+def test_a_prefill_breach_measures_throughput_only_while_prompts_wait(waiting, learned):
     state = calibrated(SPEC, {"prefill": 5000.0, "decode": 500.0})
-    cut = decide(
-        SPEC,
-        observe(
-            SPEC,
-            T0,
-            {("prefill", "p"): 2, ("decode", "d"): 1},
-            prefill={"ratio": 2.0, "tokens": 2000.0, "queue": 10.0},
-        ),
-        state,
-        T0,
-    )
-    assert cut is not None
-    assert cut.state.pool("prefill", "p").capacity_per_replica == pytest.approx(1000.0)
-
-
-def test_a_burst_the_prefill_replicas_absorbed_teaches_nothing_about_their_capacity():
-    # TTFT breached, yet no prompt waits: the replicas caught up with all that arrived. The
-    # window's rate averages a burst with the quiet around it; taken as a bound it would cut
-    # the estimate, and keep replicas long after the burst (the Azure code trace: to 0.38).
-    state = calibrated(SPEC, {"prefill": 5000.0, "decode": 500.0})
-    burst = observe(
+    observation = observe(
         SPEC,
         T0,
         {("prefill", "p"): 2, ("decode", "d"): 1},
-        prefill={"ratio": 2.0, "tokens": 2000.0},
+        prefill={"ratio": 2.0, "tokens": 2000.0, "queue": waiting},
     )
-    decision = decide(SPEC, burst, state, T0)
+    decision = decide(SPEC, observation, state, T0)
     assert decision is not None
-    assert decision.state.pool("prefill", "p").capacity_per_replica == pytest.approx(5000.0)
+    assert decision.state.pool("prefill", "p").capacity_per_replica == pytest.approx(learned)
     assert decision.state.role("prefill").capacity_basis == "observed"
 
 
