@@ -12,6 +12,7 @@ from pd_operator.sim.baselines import (
     Frontend,
     LlmdSLO,
     Oracle,
+    Prescient,
     View,
     _arima_forecast,
     per_replica,
@@ -152,6 +153,29 @@ def test_oracle_replays_its_hindsight_schedule_per_interval_without_warm_up() ->
     assert oracle.decide(view(60, {PREFILL: 1, DECODE: 1})) == busy
     assert oracle.decide(view(119.9, {PREFILL: 1, DECODE: 1})) == busy
     assert oracle.decide(view(600, busy)) == quiet  # past the trace: its last interval
+
+
+def test_prescient_starts_each_replica_its_load_time_before_the_minute_that_needs_it() -> None:
+    quiet, busy = {PREFILL: 1, DECODE: 1}, {PREFILL: 3, DECODE: 2}
+    prescient = Prescient([quiet, quiet, busy, quiet], lead_s=83.0)
+    assert prescient.warm_up and prescient.interval_s == 1.0
+    assert prescient.decide(view(36, quiet)) == quiet  # 120 - 83 = 37: not yet
+    assert prescient.decide(view(37, quiet)) == busy  # loads for 83 s, serves from 120
+    assert prescient.decide(view(179, busy)) == busy  # the busy minute has not ended
+    assert prescient.decide(view(180, busy)) == quiet
+    assert prescient.decide(view(600, quiet)) == quiet  # past the trace: its last interval
+    # Without a lead it is the oracle's replay.
+    oracle, same = Oracle([quiet, busy, quiet]), Prescient([quiet, busy, quiet], lead_s=0.0)
+    for now in (0, 59, 60, 119, 120, 400):
+        assert same.decide(view(now, quiet)) == oracle.decide(view(now, quiet))
+
+
+def test_prescient_keeps_a_replica_for_a_minute_it_was_started_for() -> None:
+    """A dip shorter than the load time keeps the replicas the next rise needs."""
+    quiet, busy = {PREFILL: 1, DECODE: 1}, {PREFILL: 3, DECODE: 1}
+    prescient = Prescient([busy, quiet, busy], lead_s=90.0)
+    assert [prescient.decide(view(t, busy))[PREFILL] for t in (0, 60, 119, 120, 179)] == [3] * 5
+    assert prescient.decide(view(180, busy))[PREFILL] == 3  # the last entry holds
 
 
 def test_static_peak_is_sized_for_the_busiest_minute() -> None:

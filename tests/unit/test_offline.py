@@ -385,6 +385,29 @@ def test_the_oracle_meets_the_slo_with_no_more_card_hours_than_any_fixed_deploym
         assert sum(oracle.card_hours.values()) <= sum(fixed[peak].card_hours.values())
 
 
+@pytest.mark.parametrize("load_s", [None, 40.0])
+def test_prescient_starts_the_oracle_s_replicas_one_model_load_ahead(load_s: float | None) -> None:
+    """With the trace known, replicas start loading one model-load time before the burst and
+    serve it as the oracle (which needs no load) does; the load time is all they cost more.
+    A reactive policy on the same burst misses most of it."""
+    spec = make_spec(ttft_ms=2000)
+    requests = load([0.5, 6.0, 0.5], step_s=120)
+    timing = Timing(load_seconds=load_s)
+    oracle = simulate(spec, requests, "oracle", model=GLM_45_FP8, timing=timing)
+    prescient = simulate(spec, requests, "prescient", model=GLM_45_FP8, timing=timing)
+    lead = math.ceil(load_s or ReplicaSpec.from_profiles(MTT_S5000, GLM_45_FP8, 8).load_seconds)
+    # The burst begins at 120 s: the same deployments, the rise one load earlier.
+    assert [t for t, _ in oracle.timeline] == [0, 120, 240]
+    assert [t for t, _ in prescient.timeline] == [0, 120 - lead, 240]
+    assert [r for _, r in prescient.timeline] == [r for _, r in oracle.timeline]
+    assert prescient.attainment()["feasible"] >= 0.99
+    # Two more replicas of 8 cards each, held one load longer (less what drains sooner).
+    extra = sum(prescient.card_hours.values()) - sum(oracle.card_hours.values())
+    assert 0 < extra <= 2 * 8 * lead / 3600
+    reactive = simulate(spec, requests, "pd-operator", model=GLM_45_FP8, timing=timing)
+    assert reactive.attainment()["feasible"] < 0.9
+
+
 def test_progress_bar_redraws_one_line_on_a_terminal_and_prints_tenths_elsewhere() -> None:
     terminal, log = io.StringIO(), io.StringIO()
     bar, lines = ProgressBar(terminal, terminal=True), ProgressBar(log, terminal=False)

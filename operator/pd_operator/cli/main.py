@@ -382,7 +382,10 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     sim.add_argument(
         "--policy",
         action="append",
-        help="pd-operator, static-peak, hpa, dynamo-sla[:arima], llm-d-slo, oracle (repeatable)",
+        help=(
+            "pd-operator, static-peak, hpa, dynamo-sla[:arima], llm-d-slo, oracle, prescient"
+            " (repeatable)"
+        ),
     )
     sim.add_argument("--cluster", help="nodes per profile, e.g. h200=4x8,mtt-s5000=4x8")
     sim.add_argument("--price", action="append", help="card-hour price, e.g. h200=3.5")

@@ -382,6 +382,46 @@ def hindsight_demand(spec: PDDeploymentSpec, frontend: Frontend, role: Role) -> 
     return demand_tokens(frontend, role)
 
 
+def started_replicas(
+    schedule: Sequence[Mapping[PoolKey, int]], interval_s: float, lead_s: float, now: float
+) -> dict[PoolKey, int]:
+    """Per pool, the most replicas wanted by any interval of `schedule` (`schedule[k]` holds
+    from `k * interval_s`; the last entry to the end) that has not ended by `now` and whose
+    replicas are started by then, `lead_s` before it begins. With `lead_s` 0: the current
+    interval's entry."""
+    first = max(0, math.floor(now / interval_s + 1e-9))
+    last = math.floor((now + lead_s) / interval_s + 1e-9)
+    out: dict[PoolKey, int] = {}
+    for index in range(min(first, len(schedule) - 1), min(last, len(schedule) - 1) + 1):
+        for key, count in schedule[index].items():
+            out[key] = max(out.get(key, 0), count)
+    return out
+
+
+@dataclass
+class Prescient:
+    """A perfect forecast under the real model-load time: `schedule[k]` holds what the minute
+    from `k * period_s` needs, and each of its replicas starts `lead_s` (the model load) before
+    that minute, so that it serves from the minute's first second; a replica stays while a
+    minute it was started for has not ended (`started_replicas`). `sim.offline.
+    prescient_schedule` finds the schedule; the docs say how. It decides every second, so
+    that a start is never late."""
+
+    schedule: Sequence[Mapping[PoolKey, int]]
+    lead_s: float
+    name: str = "prescient"
+    interval_s: float = 1.0
+    period_s: float = 60.0
+    warm_up: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.schedule:
+            raise ValueError("the prescient policy needs a schedule of at least one interval")
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        return started_replicas(self.schedule, self.period_s, self.lead_s, view.now)
+
+
 @dataclass
 class Oracle:
     """Hindsight bound: a replica schedule found with perfect knowledge of the trace.

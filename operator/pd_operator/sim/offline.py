@@ -35,6 +35,7 @@ from pd_operator.sim.baselines import (
     demand_tokens,
     fill,
     hindsight_demand,
+    started_replicas,
 )
 from pd_operator.sim.engine import (
     DEFAULT_LINK_BYTES_PER_SECOND,
@@ -55,7 +56,15 @@ from pd_operator.sim.workload import (
     read_servegen,
 )
 
-POLICY_NAMES = ("pd-operator", "static-peak", "hpa", "dynamo-sla", "llm-d-slo", "oracle")
+POLICY_NAMES = (
+    "pd-operator",
+    "static-peak",
+    "hpa",
+    "dynamo-sla",
+    "llm-d-slo",
+    "oracle",
+    "prescient",
+)
 # Prometheus' rate() needs several samples in the window; fewer than four is unreliable.
 MIN_SCRAPES_PER_WINDOW = 4
 # Load measured ahead of the start to size the initial deployment, as an operator would have
@@ -417,10 +426,12 @@ def make_policy(
     timing: Timing,
     *,
     oracle: Callable[[], Sequence[Mapping[PoolKey, int]]] | None = None,
+    prescient: Callable[[], tuple[Sequence[Mapping[PoolKey, int]], float]] | None = None,
 ) -> Policy:
     """A policy by name (see POLICY_NAMES); `dynamo-sla:arima` picks the ARIMA predictor.
 
-    `oracle` computes the oracle's schedule (it needs the whole run; `simulate` passes it).
+    `oracle` computes the oracle's schedule, `prescient` the prescient one with its lead
+    (they need the whole run; `simulate` passes them).
     """
     base, _, option = name.partition(":")
     if base == "pd-operator":
@@ -438,6 +449,11 @@ def make_policy(
         if oracle is None:
             raise ValueError("the oracle's schedule comes from the simulator: use simulate()")
         return baselines.Oracle(oracle(), interval_s=ORACLE_INTERVAL_S)
+    if base == "prescient":
+        if prescient is None:
+            raise ValueError("the prescient schedule comes from the simulator: use simulate()")
+        schedule, lead_s = prescient()
+        return baselines.Prescient(schedule, lead_s=lead_s, period_s=ORACLE_INTERVAL_S)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
 
 
@@ -469,6 +485,8 @@ def _initial(
         return dict(policy.replicas)
     if isinstance(policy, baselines.Oracle):
         return dict(policy.schedule[0])
+    if isinstance(policy, baselines.Prescient):
+        return baselines.started_replicas(policy.schedule, policy.period_s, policy.lead_s, 0.0)
     frontend = arrivals.between(0.0, INITIAL_SIZING_S)
     out: dict[PoolKey, int] = {}
     for role in ROLES:
@@ -703,6 +721,35 @@ def _fork(
     return copy.deepcopy((engine, fleet, feed), memo)
 
 
+class _Lookahead:
+    """The trace run forward on the deployment a hindsight search chose so far, forkable at
+    any moment to try a candidate (`oracle_schedule`, `prescient_schedule`)."""
+
+    def __init__(
+        self,
+        spec: PDDeploymentSpec,
+        requests: Sequence[Request],
+        *,
+        model: ModelProfile,
+        cluster: Cluster,
+        load_s: float | None,
+        routing: Routing,
+    ) -> None:
+        self.fleet = _Fleet(spec, model, cluster, load_s)
+        self.feed = _Feed(requests)
+        self.engine = PDEngine(self.feed, model=model, routing=routing)
+        self.times = [r.arrival_s for r in requests]
+        self.span = self.times[-1] if self.times else 0.0
+        self.lowest = {key: pool.replicas.min for key, pool in self.fleet.pools.items()}
+        self._unchanging = _unchanging(self.engine, self.fleet, self.feed)
+
+    def fork(self, stop_s: float) -> tuple[PDEngine, _Fleet]:
+        """A copy of the run now, fed the arrivals before `stop_s` only."""
+        engine, fleet, feed = _fork(self.engine, self.fleet, self.feed, self._unchanging)
+        feed.stop_s = stop_s
+        return engine, fleet
+
+
 def oracle_schedule(
     spec: PDDeploymentSpec,
     requests: Sequence[Request],
@@ -728,14 +775,9 @@ def oracle_schedule(
     searched in both orders (the first with the other role at its largest, the second with
     the first's answer) and the cheaper answer at the cluster's card-hour prices is kept.
     """
-    fleet = _Fleet(spec, model, cluster, None)
-    feed = _Feed(requests)
-    engine = PDEngine(feed, model=model, routing=routing)
-    times = [r.arrival_s for r in requests]
-    span = times[-1] if times else 0.0
-    lowest = {key: pool.replicas.min for key, pool in fleet.pools.items()}
+    run = _Lookahead(spec, requests, model=model, cluster=cluster, load_s=None, routing=routing)
+    fleet, engine, times, span, lowest = run.fleet, run.engine, run.times, run.span, run.lowest
     orders = (ROLES, ROLES[::-1])
-    unchanging = _unchanging(engine, fleet, feed)
     finished: set[int] = set()
     oldest_open = 0
     schedule: list[dict[PoolKey, int]] = []
@@ -757,8 +799,7 @@ def oracle_schedule(
         ) -> int:
             key = tuple(sorted(config.items()))
             if key not in tried:
-                fork, fork_fleet, fork_feed = _fork(engine, fleet, feed, unchanging)
-                fork_feed.stop_s = end
+                fork, fork_fleet = run.fork(end)
                 fork_fleet.apply(fork, config, warm_up=False)
                 done = {r.id: r for r in fork.run().records}
                 tried[key] = sum(1 for i in judged if not _meets(spec, requests[i], done.get(i)))
@@ -776,6 +817,104 @@ def oracle_schedule(
         if progress:
             progress(Progress("oracle", end, span, len(finished), len(requests), "look-ahead"))
     return schedule
+
+
+def prescient_schedule(
+    spec: PDDeploymentSpec,
+    requests: Sequence[Request],
+    *,
+    model: ModelProfile,
+    cluster: Cluster,
+    feasible: Sequence[bool],
+    lead_s: float,
+    load_s: float | None = None,
+    interval_s: float = ORACLE_INTERVAL_S,
+    progress: Callable[[Progress], None] | None = None,
+    routing: Routing = "prefix-aware",
+) -> list[dict[PoolKey, int]]:
+    """Per interval, the fewest replicas per pool with which the requests meet the SLO when
+    every new replica loads for `lead_s` first: the oracle's search (`oracle_schedule`), but
+    each interval's deployment is chosen `lead_s` before the interval begins, from the
+    simulation as it stands then, and its new replicas start loading at once, so that they
+    serve from the interval's start (`baselines.started_replicas`). A fork applies the
+    candidate at the choice, plays the replica changes due before the interval (earlier
+    intervals ending, each at its end), and runs the arrivals up to the interval's end; judged
+    are the feasible requests open at the interval's start or arriving in it, with the
+    oracle's rule and scan. Replicas are thus never late and never early by more than a
+    second of the decision step: what remains is the load time's own cost. Replicas load
+    for `load_s` (None: the profiles' model-load time), at most `lead_s`."""
+    run = _Lookahead(spec, requests, model=model, cluster=cluster, load_s=load_s, routing=routing)
+    fleet, engine, times, span, lowest = run.fleet, run.engine, run.times, run.span, run.lowest
+    count = math.floor(span / interval_s) + 1
+    starts = [max(0.0, k * interval_s - lead_s) for k in range(count)]
+    events = sorted({*starts, *(k * interval_s for k in range(1, count))})
+    finished: set[int] = set()
+    oldest_open = 0
+    schedule: list[dict[PoolKey, int]] = []
+
+    def choose(k: int, now: float) -> dict[PoolKey, int]:
+        begin, end = k * interval_s, (k + 1) * interval_s
+        first, stop = bisect_left(times, begin), bisect_left(times, end)
+        if not any(feasible[i] for i in range(oldest_open, stop) if i not in finished):
+            return dict(lowest)
+        later = [e for e in events if now < e <= begin]
+        tried: dict[tuple[tuple[PoolKey, int], ...], tuple[int, int]] = {}
+
+        def judge(config: Mapping[PoolKey, int]) -> tuple[int, int]:
+            """(misses, judged requests) with `config` for interval k."""
+            key = tuple(sorted(config.items()))
+            if key not in tried:
+                fork, fork_fleet = run.fork(end)
+                planned = [*schedule, dict(config)]
+                fork_fleet.apply(
+                    fork, started_replicas(planned, interval_s, lead_s, now), warm_up=now > 0
+                )
+                for at in later:
+                    fork.advance_to(at)
+                    fork_fleet.release_drained(fork)
+                    fork_fleet.apply(
+                        fork, started_replicas(planned, interval_s, lead_s, at), warm_up=True
+                    )
+                early = {r.id for r in fork.take_finished()}
+                done = {r.id: r for r in fork.run().records}
+                judged = [
+                    i
+                    for i in range(oldest_open, stop)
+                    if feasible[i] and i not in finished and (i >= first or i not in early)
+                ]
+                missed = sum(1 for i in judged if not _meets(spec, requests[i], done.get(i)))
+                tried[key] = (missed, len(judged))
+            return tried[key]
+
+        room = {key: max(lowest[key], n) for key, n in fleet.room().items()}
+        at_most, judged = judge(room)
+        allowed = max(at_most, math.floor((1 - ORACLE_ATTAINMENT) * judged))
+        found = [
+            _fewest(lambda c: judge(c)[0], allowed, room, lowest, order)
+            for order in (ROLES, ROLES[::-1])
+        ]
+        return min(found, key=lambda config: _cost_per_hour(fleet, cluster, config))
+
+    for now in events:
+        engine.advance_to(now)
+        finished.update(r.id for r in engine.take_finished())
+        fleet.release_drained(engine)
+        while oldest_open in finished:
+            oldest_open += 1
+        while len(schedule) < count and starts[len(schedule)] <= now:
+            schedule.append(choose(len(schedule), now))
+        fleet.apply(engine, started_replicas(schedule, interval_s, lead_s, now), warm_up=now > 0)
+        if progress:
+            progress(Progress("prescient", now, span, len(finished), len(requests), "look-ahead"))
+    return schedule
+
+
+def _lead_s(fleet: _Fleet, timing: Timing) -> float:
+    """The prescient policy's lead: the slowest pool's model load, rounded up to the whole
+    second on which that policy decides."""
+    if timing.load_seconds is not None:
+        return float(math.ceil(timing.load_seconds))
+    return float(math.ceil(max(r.load_seconds for r in fleet.replica_spec.values())))
 
 
 def _fewest(
@@ -867,6 +1006,20 @@ def simulate(
                 feasible=feasible,
                 progress=progress,
                 routing=routing,
+            ),
+            prescient=lambda: (
+                prescient_schedule(
+                    spec,
+                    requests,
+                    model=model,
+                    cluster=cluster,
+                    feasible=feasible,
+                    lead_s=_lead_s(fleet, timing),
+                    load_s=timing.load_seconds,
+                    progress=progress,
+                    routing=routing,
+                ),
+                _lead_s(fleet, timing),
             ),
         )
     )
