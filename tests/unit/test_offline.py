@@ -27,6 +27,7 @@ from pd_operator.sim.offline import (
     Timing,
     example_document,
     idle_latencies,
+    prescient_schedule,
     simulate,
 )
 from pd_operator.sim.offline_metrics import histogram_quantile, scrape, window_stats
@@ -406,6 +407,27 @@ def test_prescient_starts_the_oracle_s_replicas_one_model_load_ahead(load_s: flo
     assert 0 < extra <= 2 * 8 * lead / 3600
     reactive = simulate(spec, requests, "pd-operator", model=GLM_45_FP8, timing=timing)
     assert reactive.attainment()["feasible"] < 0.9
+
+
+def test_a_prescient_lead_shorter_than_the_model_load_is_refused() -> None:
+    spec = make_spec()
+    requests = load([0.5], step_s=60)
+    feasible = [True] * len(requests)
+    cluster = Cluster.fitting(spec)
+    with pytest.raises(ValueError, match="lead_s 30 is shorter than the model load"):
+        prescient_schedule(
+            spec, requests, model=GLM_45_FP8, cluster=cluster, feasible=feasible, lead_s=30.0
+        )
+    schedule = prescient_schedule(
+        spec,
+        requests,
+        model=GLM_45_FP8,
+        cluster=cluster,
+        feasible=feasible,
+        lead_s=30.0,
+        load_s=30.0,
+    )
+    assert len(schedule) == math.floor(requests[-1].arrival_s / 60) + 1
 
 
 def test_progress_bar_redraws_one_line_on_a_terminal_and_prints_tenths_elsewhere() -> None:

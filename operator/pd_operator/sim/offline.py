@@ -845,6 +845,9 @@ def prescient_schedule(
     for `load_s` (None: the profiles' model-load time), at most `lead_s`."""
     run = _Lookahead(spec, requests, model=model, cluster=cluster, load_s=load_s, routing=routing)
     fleet, engine, times, span, lowest = run.fleet, run.engine, run.times, run.span, run.lowest
+    slowest = _lead_s(fleet, Timing(load_seconds=load_s))
+    if lead_s < slowest:
+        raise ValueError(f"lead_s {lead_s:g} is shorter than the model load ({slowest:g} s)")
     count = math.floor(span / interval_s) + 1
     starts = [max(0.0, k * interval_s - lead_s) for k in range(count)]
     events = sorted({*starts, *(k * interval_s for k in range(1, count))})
