@@ -833,7 +833,7 @@ def prescient_schedule(
     routing: Routing = "prefix-aware",
 ) -> list[dict[PoolKey, int]]:
     """Per interval, the fewest replicas per pool with which the requests meet the SLO when
-    every new replica loads for `lead_s` first: the oracle's search (`oracle_schedule`), but
+    every new replica must load its model first: the oracle's search (`oracle_schedule`), but
     each interval's deployment is chosen `lead_s` before the interval begins, from the
     simulation as it stands then, and its new replicas start loading at once, so that they
     serve from the interval's start (`baselines.started_replicas`). A fork applies the
