@@ -95,7 +95,10 @@ class ModelSpec(SpecModel):
         )
     )
     context_length: Annotated[int, Field(ge=1, le=10_000_000), WHOLE_NUMBER] | None = Field(
-        None, description="Maximum context length in tokens (--max-model-len)."
+        None,
+        description=(
+            "Maximum context length in tokens (vLLM --max-model-len, SGLang --context-length)."
+        ),
     )
 
 

@@ -52,7 +52,7 @@ TIME_SCALE = 0.05
 INTERVAL_SECONDS = 5
 WINDOW_SECONDS = 20
 # Synthetic load when no trace is found: 4,000-token prompts, calm, a surge, calm again. One S5000
-# prefill replica meets a 250 ms P50 TTFT at the calm rate; the surge needs three.
+# prefill replica meets a 250 ms P50 TTFT at the calm rate; the surge needs more.
 SYNTHETIC = TokenLengths(4000, 200, 1.0, 1.0)
 SYNTHETIC_RATES = (2.0, 8.0, 2.0)  # requests per simulated second, each a third of the run
 SYNTHETIC_TTFT_MS = 250
