@@ -1016,6 +1016,22 @@ def test_with_no_node_view_unschedulable_pods_stay_but_none_are_added():
     assert replicas(decision, "prefill", "b") == 2
 
 
+def test_with_no_node_view_unschedulable_pods_go_after_a_whole_scale_down_window():
+    """They count as no capacity: once a whole scale-down window has been watched, they are
+    removed at the down-step, and the demand they were for stays on the pool with room."""
+    pending = PoolObservation(4, ready=2, unschedulable=2)
+    observation = observe(
+        TWO_PREFILL_POOLS,
+        T0,
+        {("prefill", "a"): pending, ("prefill", "b"): 2, ("decode", "d"): 1},
+        prefill={"ratio": 1.0, "tokens": 3200.0},
+    )
+    state = calibrated(TWO_PREFILL_POOLS, {"prefill": 1000.0, "decode": 500.0}, since=T0 - 3600)
+    decision = decide(TWO_PREFILL_POOLS, observation, state, T0)
+    assert replicas(decision, "prefill", "a") == 3  # one down-step
+    assert replicas(decision, "prefill", "b") >= 2
+
+
 def test_room_reserved_for_pods_not_yet_bound_is_not_promised_again():
     starting = PoolObservation(3, ready=2, scheduled=2)  # the third is not bound yet
     observation = observe(

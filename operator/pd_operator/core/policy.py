@@ -64,7 +64,7 @@ WORSE_FACTOR = 1.2
 DEFAULT_LOAD_SECONDS = 300.0
 LOAD_EMA_WEIGHT = 0.5
 # Weight of one decision's sample of the running requests in their moving averages: about
-# the last 20 decisions (5 minutes at the default interval) tell how bursty the batch is.
+# the last 20 decisions (10 minutes at the default 30 s interval) tell how bursty the batch is.
 RUNNING_EMA_WEIGHT = 0.05
 # A breach that a scale-up lowered by less than this share, once the new replicas served a
 # whole window and the demand did not grow, is not one that replicas fix: a latency floor above
