@@ -25,6 +25,7 @@ from pd_operator.sim.offline import (
     Progress,
     ProgressBar,
     Timing,
+    _Fleet,
     example_document,
     idle_latencies,
     prescient_schedule,
@@ -397,16 +398,36 @@ def test_prescient_starts_the_oracle_s_replicas_one_model_load_ahead(load_s: flo
     oracle = simulate(spec, requests, "oracle", model=GLM_45_FP8, timing=timing)
     prescient = simulate(spec, requests, "prescient", model=GLM_45_FP8, timing=timing)
     lead = math.ceil(load_s or ReplicaSpec.from_profiles(MTT_S5000, GLM_45_FP8, 8).load_seconds)
-    # The burst begins at 120 s: the same deployments, the rise one load earlier.
-    assert [t for t, _ in oracle.timeline] == [0, 120, 240]
-    assert [t for t, _ in prescient.timeline] == [0, 120 - lead, 240]
-    assert [r for _, r in prescient.timeline] == [r for _, r in oracle.timeline]
+    # The burst begins at 120 s. The same deployments: each rise one lead earlier, each drop
+    # when the oracle's.
+    assert oracle.timeline[1] == (120, {"prefill/s5000": 3, "decode/h200": 1})
+    shifted = [oracle.timeline[0]]
+    for (_, before), (t, after) in zip(oracle.timeline, oracle.timeline[1:], strict=False):
+        grows = any(after[pool] > before[pool] for pool in after)
+        shifted.append((t - lead if grows else t, after))
+    assert prescient.timeline == shifted
     assert prescient.attainment()["feasible"] >= 0.99
     # Two more replicas of 8 cards each, held one load longer (less what drains sooner).
     extra = sum(prescient.card_hours.values()) - sum(oracle.card_hours.values())
     assert 0 < extra <= 2 * 8 * lead / 3600
     reactive = simulate(spec, requests, "pd-operator", model=GLM_45_FP8, timing=timing)
     assert reactive.attainment()["feasible"] < 0.9
+
+
+def test_scale_down_removes_a_loading_replica_first_then_the_newest_ready_one() -> None:
+    """As a ReplicaSet does: the older replicas, with their warm prefix caches, stay."""
+    spec = make_spec()
+    fleet = _Fleet(spec, GLM_45_FP8, Cluster.fitting(spec), None)
+    engine = PDEngine([], model=GLM_45_FP8)
+    key: PoolKey = ("prefill", "s5000")
+    fleet.apply(engine, {key: 3}, warm_up=False)
+    first, second, third = (r.name for r in fleet.live[key])
+    fleet.apply(engine, {key: 4}, warm_up=True)  # the fourth loads its model
+    fleet.apply(engine, {key: 3}, warm_up=True)
+    assert [r.name for r in fleet.live[key]] == [first, second, third]
+    fleet.apply(engine, {key: 2}, warm_up=True)
+    assert [r.name for r in fleet.live[key]] == [first, second]
+    assert [r.name for r in fleet.draining][-1] == third
 
 
 def test_a_prescient_lead_shorter_than_the_model_load_is_refused() -> None:

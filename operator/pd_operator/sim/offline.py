@@ -328,13 +328,15 @@ class _Fleet:
         dropped = min(count, self.pending[key])
         self.pending[key] -= dropped
         count -= dropped
-        # A Deployment scales down not-ready pods first, then the newest.
+        # A ReplicaSet scales down not-ready pods first, then the most recently started (the
+        # older ones keep their warm prefix caches). `live` is in placement order.
         live = self.live[key]
-        live.sort(key=lambda r: engine.instance(r.name).state is State.READY)
-        for replica in live[:count]:
+        ranked = sorted(reversed(live), key=lambda r: engine.instance(r.name).state is State.READY)
+        gone = ranked[:count]
+        for replica in gone:
             engine.remove_instance(replica.name)
             self.draining.append(replica)
-        self.live[key] = live[count:]
+        self.live[key] = [r for r in live if r not in gone]
 
     def place(self, engine: PDEngine, warm_up: bool) -> None:
         for key, pool in self.pools.items():
