@@ -403,9 +403,9 @@ class Prescient:
     """A perfect forecast under the real model-load time: `schedule[k]` holds what the minute
     from `k * period_s` needs, and each of its replicas starts `lead_s` (the model load) before
     that minute, so that it serves from the minute's first second; a replica stays while a
-    minute it was started for has not ended (`started_replicas`). `sim.offline.
-    prescient_schedule` finds the schedule; the docs say how. It decides every second, so
-    that a start is never late."""
+    minute it was started for has not ended (`started_replicas`).
+    `sim.offline.prescient_schedule` finds the schedule; the docs say how. It decides every
+    second, so that a start is never late."""
 
     schedule: Sequence[Mapping[PoolKey, int]]
     lead_s: float
