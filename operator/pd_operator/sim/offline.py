@@ -779,7 +779,6 @@ def oracle_schedule(
     """
     run = _Lookahead(spec, requests, model=model, cluster=cluster, load_s=None, routing=routing)
     fleet, engine, times, span, lowest = run.fleet, run.engine, run.times, run.span, run.lowest
-    orders = (ROLES, ROLES[::-1])
     finished: set[int] = set()
     oldest_open = 0
     schedule: list[dict[PoolKey, int]] = []
@@ -810,8 +809,7 @@ def oracle_schedule(
         chosen = dict(lowest)
         if judged:
             allowed = max(misses(room), math.floor((1 - ORACLE_ATTAINMENT) * len(judged)))
-            found = [_fewest(misses, allowed, room, lowest, order) for order in orders]
-            chosen = min(found, key=lambda config: _cost_per_hour(fleet, cluster, config))
+            chosen = _cheapest(misses, allowed, room, lowest, fleet=fleet, cluster=cluster)
         schedule.append(chosen)
         fleet.apply(engine, chosen, warm_up=False)
         engine.advance_to(end)
@@ -847,7 +845,7 @@ def prescient_schedule(
     for `load_s` (None: the profiles' model-load time), at most `lead_s`."""
     run = _Lookahead(spec, requests, model=model, cluster=cluster, load_s=load_s, routing=routing)
     fleet, engine, times, span, lowest = run.fleet, run.engine, run.times, run.span, run.lowest
-    slowest = _lead_s(fleet, Timing(load_seconds=load_s))
+    slowest = _lead_s(fleet)
     if lead_s < slowest:
         raise ValueError(f"lead_s {lead_s:g} is shorter than the model load ({slowest:g} s)")
     count = math.floor(span / interval_s) + 1
@@ -894,11 +892,7 @@ def prescient_schedule(
         room = {key: max(lowest[key], n) for key, n in fleet.room().items()}
         at_most, judged = judge(room)
         allowed = max(at_most, math.floor((1 - ORACLE_ATTAINMENT) * judged))
-        found = [
-            _fewest(lambda c: judge(c)[0], allowed, room, lowest, order)
-            for order in (ROLES, ROLES[::-1])
-        ]
-        return min(found, key=lambda config: _cost_per_hour(fleet, cluster, config))
+        return _cheapest(lambda c: judge(c)[0], allowed, room, lowest, fleet=fleet, cluster=cluster)
 
     for now in events:
         engine.advance_to(now)
@@ -914,12 +908,26 @@ def prescient_schedule(
     return schedule
 
 
-def _lead_s(fleet: _Fleet, timing: Timing) -> float:
-    """The prescient policy's lead: the slowest pool's model load, rounded up to the whole
-    second on which that policy decides."""
-    if timing.load_seconds is not None:
-        return float(math.ceil(timing.load_seconds))
+def _lead_s(fleet: _Fleet) -> float:
+    """The prescient policy's lead: the slowest pool's model load (the fleet's, else the
+    profiles'), rounded up to the whole second on which that policy decides."""
+    if fleet.load_s is not None:
+        return float(math.ceil(fleet.load_s))
     return float(math.ceil(max(r.load_seconds for r in fleet.replica_spec.values())))
+
+
+def _cheapest(
+    misses: Callable[[Mapping[PoolKey, int]], int],
+    allowed: int,
+    room: Mapping[PoolKey, int],
+    lowest: Mapping[PoolKey, int],
+    *,
+    fleet: _Fleet,
+    cluster: Cluster,
+) -> dict[PoolKey, int]:
+    """The cheaper, at the cluster's prices, of the two role orders' `_fewest` answers."""
+    found = [_fewest(misses, allowed, room, lowest, order) for order in (ROLES, ROLES[::-1])]
+    return min(found, key=lambda config: _cost_per_hour(fleet, cluster, config))
 
 
 def _fewest(
@@ -1019,12 +1027,12 @@ def simulate(
                     model=model,
                     cluster=cluster,
                     feasible=feasible,
-                    lead_s=_lead_s(fleet, timing),
+                    lead_s=_lead_s(fleet),
                     load_s=timing.load_seconds,
                     progress=progress,
                     routing=routing,
                 ),
-                _lead_s(fleet, timing),
+                _lead_s(fleet),
             ),
         )
     )
