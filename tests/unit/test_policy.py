@@ -699,16 +699,21 @@ def test_decode_leaves_room_for_the_bursts_its_batch_has_shown(running, grows):
 @pytest.mark.parametrize(
     ("waiting", "learned"),
     [
-        # Prompts wait, so both replicas were busy all the time: 2000 tokens/s is what two
-        # replicas serve, not what they would serve at the target.
+        # 10,000 prompt tokens wait, five seconds of what the replicas served against a 1 s
+        # target: both were busy all the time, and 2000 tokens/s is what two replicas serve,
+        # not what they would serve at the target.
         (10.0, 1000.0),
+        # One prompt waits, half a second of it: replicas busy part of the time have that at
+        # a sample. Read as saturation, a cold start's first minute cut the Mooncake trace's
+        # estimate to 0.6 of the profile for the rest of the hour.
+        (1.0, 5000.0),
         # None waits: the replicas caught up with all that arrived. The window's rate averages
         # a burst with the quiet around it; taken as a bound it would cut the estimate and keep
         # replicas long after the burst (the Azure code trace: to 0.38 of the profile).
         (0.0, 5000.0),
     ],
 )
-def test_a_prefill_breach_measures_throughput_only_while_prompts_wait(waiting, learned):
+def test_a_prefill_breach_measures_throughput_only_while_a_target_of_work_waits(waiting, learned):
     state = calibrated(SPEC, {"prefill": 5000.0, "decode": 500.0})
     observation = observe(
         SPEC,
@@ -1496,7 +1501,8 @@ def test_bounds_always_hold(data, low, span, ratio):
     basis=st.sampled_from(["observed", "lower-bound"]),
 )
 # More load moved the TTFT from the 0.75-1 s bucket to the 1-2.5 s bucket (too wide to say
-# "near", but wholly past the target).
+# "near", but wholly past the target), with a third of a prompt waiting: no saturation, but
+# a role with no estimate yet still takes its first one from it.
 @example(low=1.0, extra=0.03125, current=1, estimate=None, basis="observed")
 # A floor between one replica less and the current size once blocked the probe at low load.
 @example(low=0.21875, extra=0.21875, current=2, estimate=600.0, basis="lower-bound")

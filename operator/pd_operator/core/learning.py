@@ -346,9 +346,10 @@ def estimate_capacity(
 ) -> RoleCapacity:
     """This interval's capacity estimate, corrected by what the ready replicas serve at the
     latency they show: the seeds times the learned `factor`, or without seeds the remembered
-    estimates. `saturated`: the replicas were busy all the time (prefill requests waiting), so
-    in a breach what they served is their throughput, the quantity prefill seeds estimate; a
-    prefill breach without it teaches nothing."""
+    estimates. `saturated`: the replicas were busy all the time (a TTFT target's worth of
+    prompts waiting, `RoleLoad.saturated`), so in a breach what they served is their throughput,
+    the quantity prefill seeds estimate; a prefill breach without it teaches nothing, except
+    as a role's first estimate."""
     pools: Sequence[PoolSpec] = spec.pools(role)
     known = seeds(spec, role, prompt_tokens)
     from_seeds = bool(known)
@@ -371,11 +372,13 @@ def estimate_capacity(
     served = served_tokens_per_second or 0.0
     # Idle replicas say nothing about capacity, nor does a reading its bucket cannot resolve.
     evidence = None if latency_ratio is None else latency_evidence(latency_ratio, latency_bucket)
-    if role == "prefill" and evidence == "breach" and not saturated:
-        # No prompt waits: the replicas had caught up with all that arrived, so the breach came
-        # from a burst inside the window that they absorbed, not from a throughput short of
-        # the load. The window's served rate averages the burst with the quiet around it and
-        # bounds nothing (a 30 s burst at half the window's mean cut the estimate to 0.4).
+    if role == "prefill" and evidence == "breach" and not saturated and known:
+        # No queue to speak of: the replicas had (nearly) caught up with all that arrived, so
+        # the breach came from a burst inside the window that they absorbed, not from a
+        # throughput short of the load. The window's served rate averages the burst with the
+        # quiet around it and bounds nothing (a 30 s burst at half the window's mean cut the
+        # estimate to 0.4). A role with no estimate yet still takes it as its first: a low one
+        # over-provisions, none would leave the role to feedback alone.
         evidence = None
     ratio = latency_ratio if served > 0 and evidence else None
     if not known:
