@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec
+from pd_operator.cli.arguments import non_negative, positive
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_operator.sim.engine import ROUTINGS
 from pd_operator.sim.offline import (
@@ -37,6 +38,7 @@ from pd_operator.sim.offline import (
     POLICY_NAMES,
     TABLE_COLUMNS,
     SimResult,
+    check_policy_name,
     example_document,
     load_trace,
     markdown_table,
@@ -120,11 +122,11 @@ def header(spec: PDDeploymentSpec, warmup: float, rate_scale: float, windows: li
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path)
-    parser.add_argument("--start", type=float, default=0.0)
-    parser.add_argument("--duration", type=float, default=600.0)
+    parser.add_argument("--start", type=non_negative, default=0.0)
+    parser.add_argument("--duration", type=positive, default=600.0)
     parser.add_argument(
         "--warmup",
-        type=float,
+        type=non_negative,
         default=300.0,
         help="seconds replayed before the window, uncounted (0: every policy starts cold)",
     )
@@ -134,12 +136,22 @@ def main() -> int:
         default="P99",
         help="the SLO percentile of the example deployment (P99 matches '>= 99%% of requests')",
     )
-    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiply each trace's rate")
-    parser.add_argument("--servegen-rps", type=float, default=20.0)
+    parser.add_argument(
+        "--rate-scale", type=positive, default=1.0, help="multiply each trace's rate"
+    )
+    parser.add_argument("--servegen-rps", type=positive, default=20.0)
     parser.add_argument("--policy", action="append", help="default: every policy")
     parser.add_argument("--routing", choices=ROUTINGS, default="prefix-aware")
     parser.add_argument("--csv", type=Path)
     args = parser.parse_args()
+    for name in args.policy or ():  # before any run: a typo would waste the runs before it
+        try:
+            check_policy_name(name)
+        except ValueError as error:
+            parser.error(f"argument --policy: {error}")
+    for path in args.traces:
+        if not path.is_file():
+            parser.error(f"argument traces: no file {path}")
     paths = args.traces or sorted(p for p in TRACES.iterdir() if p.suffix in (".csv", ".jsonl"))
     spec = parse_pddeployment(example_document(percentile=args.percentile)).spec
     rows = []

@@ -8,10 +8,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pd_operator import __version__
+from pd_operator.cli.arguments import (
+    UsageError,
+    about,
+    fraction,
+    known,
+    non_negative,
+    positive,
+    prices,
+    share,
+    tokens,
+)
 
 if TYPE_CHECKING:
+    from pd_operator.api.spec import PDDeploymentSpec
+    from pd_operator.core.hardware import ModelProfile
     from pd_operator.core.planner import Workload
     from pd_operator.sim.cluster import SimCluster
+    from pd_operator.sim.workload import Request
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -181,68 +195,116 @@ def _add_sim(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     run.set_defaults(handler=_sim_cluster)
 
 
-def _key_values(items: list[str] | None) -> dict[str, float]:
-    out = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        out[key] = float(value)
-    return out
+def _spec_from(path: str | None) -> "PDDeploymentSpec":
+    """The `--spec` file's PDDeployment, or the articles' example without one."""
+    import yaml
+
+    from pd_operator.api.document import parse_pddeployment
+    from pd_operator.sim.offline import example_document
+
+    if not path:
+        return parse_pddeployment(example_document()).spec
+    with about(f"--spec {path}"):
+        try:
+            document = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as error:
+            raise ValueError(f"not YAML: {error}") from None
+        if not isinstance(document, dict):
+            raise ValueError("not a PDDeployment document (want a YAML mapping)")
+        return parse_pddeployment(document).spec
+
+
+def _model_for(name: str | None, spec: "PDDeploymentSpec") -> "ModelProfile":
+    from pd_operator.core.hardware import MODEL_PROFILES
+    from pd_operator.core.learning import model_profile_for
+
+    if name:
+        return MODEL_PROFILES[known(name, "--model", MODEL_PROFILES, "model profile")]
+    model = model_profile_for(spec.model.name)
+    if model is None:
+        raise UsageError(
+            f"no model profile for spec.model.name {spec.model.name!r}: pass --model, one of "
+            + ", ".join(sorted(MODEL_PROFILES))
+        )
+    return model
+
+
+def _trace_requests(args: argparse.Namespace, warmup_s: float = 0.0) -> list["Request"]:
+    """The `--trace` window's requests (after `warmup_s` of lead-in); an error when empty."""
+    from pd_operator.sim.offline import load_trace
+    from pd_operator.sim.workload import ReplayOptions
+
+    options = ReplayOptions(
+        start_s=args.start,
+        duration_s=args.duration,
+        rate_scale=getattr(args, "rate_scale", 1.0),
+        time_compression=getattr(args, "time_compression", 1.0),
+        seed=getattr(args, "seed", 0),
+    )
+    with about(f"--trace {args.trace}"):
+        requests = load_trace(args.trace, options.with_warmup(warmup_s))
+        if not requests:
+            whole = load_trace(args.trace)
+            span = f"{whole[-1].arrival_s:,.0f} s" if whole else "no request at all"
+            window = f"[{args.start:g}, {args.start + args.duration:g})" if args.duration else ""
+            raise ValueError(
+                f"no request in the window --start {args.start:g}"
+                + (f" --duration {args.duration:g} {window}" if window else "")
+                + f"; the trace's last arrival is at {span}"
+            )
+    return requests
 
 
 def _simulate(args: argparse.Namespace) -> int:
     import json
 
-    import yaml
-
-    from pd_operator.api.document import parse_pddeployment
-    from pd_operator.core.hardware import MODEL_PROFILES
-    from pd_operator.core.learning import model_profile_for
+    from pd_operator.core.hardware import HARDWARE_PROFILES
     from pd_operator.sim.offline import (
         TABLE_COLUMNS,
         Cluster,
         ProgressBar,
         Timing,
-        example_document,
-        load_trace,
+        check_policy_name,
         markdown_table,
         parse_cluster,
         simulate,
         table_row,
     )
-    from pd_operator.sim.workload import (
-        ReplayOptions,
-        TokenLengths,
-        constant_rate,
-        synthetic_requests,
-    )
+    from pd_operator.sim.workload import TokenLengths, constant_rate, synthetic_requests
 
-    document = yaml.safe_load(Path(args.spec).read_text()) if args.spec else example_document()
-    spec = parse_pddeployment(document).spec
-    model = MODEL_PROFILES.get(args.model or "") or model_profile_for(spec.model.name)
-    if model is None:
-        print(f"pdctl: no model profile for {spec.model.name}; pass --model", file=sys.stderr)
-        return 2
+    spec = _spec_from(args.spec)
+    model = _model_for(args.model, spec)
+    policies = args.policy or ["pd-operator"]
+    for name in policies:  # all checked before any runs: a late typo would waste the others
+        with about("--policy"):
+            check_policy_name(name)
+    # Checked before the runs, which may take minutes, so that their results are not lost.
+    if args.output and not Path(args.output).parent.is_dir():
+        raise UsageError(f"--output: no folder {Path(args.output).parent} to write into")
+    if args.plot and Path(args.plot).exists() and not Path(args.plot).is_dir():
+        raise UsageError(f"--plot: {args.plot} is not a folder")
     if args.trace:
-        options = ReplayOptions(
-            start_s=args.start,
-            duration_s=args.duration,
-            rate_scale=args.rate_scale,
-            time_compression=args.time_compression,
-            seed=args.seed,
-        )
-        requests = load_trace(args.trace, options.with_warmup(args.warmup))
+        requests = _trace_requests(args, args.warmup)
     else:
         lengths = TokenLengths(
             args.input_tokens, args.output_tokens, 1.0, 1.0, cached_fraction=args.cache_hit
         )
         profile = constant_rate(args.rate, (args.duration or 600.0) + args.warmup)
         requests = list(synthetic_requests(profile, lengths, seed=args.seed))
-    prices = _key_values(args.price)
-    cluster = (
-        parse_cluster(args.cluster, prices)
-        if args.cluster
-        else Cluster(Cluster.fitting(spec).node_types, prices)
-    )
+        if not requests:
+            raise UsageError(
+                f"--rate {args.rate:g} over --duration {args.duration or 600:g} s sends no "
+                "request: raise either"
+            )
+    price_of = prices(args.price, "--price", HARDWARE_PROFILES)
+    with about(f"--spec {args.spec}"):  # every pool must name a profile to be simulated
+        fitting = Cluster.fitting(spec)
+    with about("--cluster"):
+        cluster = (
+            parse_cluster(args.cluster, price_of)
+            if args.cluster
+            else Cluster(fitting.node_types, price_of)
+        )
     timing = Timing(
         scrape_interval_s=args.scrape_interval,
         rate_window_s=args.rate_window,
@@ -252,7 +314,7 @@ def _simulate(args: argparse.Namespace) -> int:
     # A bar redrawn in place on a terminal; `--progress` forces a line per tenth elsewhere.
     bar = ProgressBar(sys.stderr) if args.progress or sys.stderr.isatty() else None
     results = []
-    for name in args.policy or ["pd-operator"]:
+    for name in policies:
         results.append(
             simulate(
                 spec,
@@ -290,8 +352,7 @@ def _workload_from(args: argparse.Namespace) -> "Workload":
     import random
 
     from pd_operator.core.planner import Workload
-    from pd_operator.sim.offline import load_trace
-    from pd_operator.sim.workload import ReplayOptions, TokenLengths
+    from pd_operator.sim.workload import TokenLengths
 
     if not args.trace:
         if args.length_cv <= 0:
@@ -303,7 +364,7 @@ def _workload_from(args: argparse.Namespace) -> "Workload":
         rng = random.Random(0)
         pairs = [lengths.sample(rng)[:2] for _ in range(PLAN_LENGTH_SAMPLES)]
         return Workload.from_lengths(args.rate, pairs, args.cache_hit)
-    requests = load_trace(args.trace, ReplayOptions(start_s=args.start, duration_s=args.duration))
+    requests = _trace_requests(args)
     span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
     pairs = [(r.input_tokens, r.output_tokens) for r in requests]
     return Workload.from_lengths(len(requests) / span, pairs, args.cache_hit)
@@ -325,11 +386,11 @@ def _plan(args: argparse.Namespace) -> int:
         plan_table,
     )
 
-    model = MODEL_PROFILES[args.model]
-    candidates = [
-        parse_candidate(text, HARDWARE_PROFILES)
-        for text in args.candidate or ["mtt-s5000", "h200", "h20"]
-    ]
+    model = MODEL_PROFILES[known(args.model, "--model", MODEL_PROFILES, "model profile")]
+    candidates = []
+    for text in args.candidate or ["mtt-s5000", "h200", "h20"]:
+        with about(f"--candidate {text}"):
+            candidates.append(parse_candidate(text, HARDWARE_PROFILES))
     prices = TokenPrices(
         input_per_million=args.input_price,
         cached_per_million=args.cached_price,
@@ -359,12 +420,12 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _add_load_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", help="Mooncake .jsonl, Azure or ServeGen CSV trace")
-    parser.add_argument("--start", type=float, default=0.0, help="trace seconds to skip")
-    parser.add_argument("--duration", type=float, help="seconds of trace or synthetic load")
-    parser.add_argument("--rate", type=float, default=1.0, help="synthetic requests per second")
-    parser.add_argument("--input-tokens", type=float, default=8000.0, help="mean prompt length")
-    parser.add_argument("--output-tokens", type=float, default=300.0, help="mean output length")
-    parser.add_argument("--cache-hit", type=float, default=0.0, help="prefix-cache hit rate")
+    parser.add_argument("--start", type=non_negative, default=0.0, help="trace seconds to skip")
+    parser.add_argument("--duration", type=positive, help="seconds of trace or synthetic load")
+    parser.add_argument("--rate", type=positive, default=1.0, help="synthetic requests per second")
+    parser.add_argument("--input-tokens", type=tokens, default=8000.0, help="mean prompt length")
+    parser.add_argument("--output-tokens", type=tokens, default=300.0, help="mean output length")
+    parser.add_argument("--cache-hit", type=fraction, default=0.0, help="prefix-cache hit rate")
 
 
 def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -376,8 +437,13 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     sim.add_argument("--spec", help="PDDeployment YAML (default: S5000 prefill, H200 decode)")
     sim.add_argument("--model", help="model profile (default: from spec.model.name)")
     _add_load_options(sim)
-    sim.add_argument("--rate-scale", type=float, default=1.0, help="multiply the trace's rate")
-    sim.add_argument("--time-compression", type=float, default=1.0)
+    sim.add_argument("--rate-scale", type=positive, default=1.0, help="multiply the trace's rate")
+    sim.add_argument(
+        "--time-compression",
+        type=positive,
+        default=1.0,
+        help="replay the trace this many times faster",
+    )
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument(
         "--policy",
@@ -389,10 +455,12 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     )
     sim.add_argument("--cluster", help="nodes per profile, e.g. h200=4x8,mtt-s5000=4x8")
     sim.add_argument("--price", action="append", help="card-hour price, e.g. h200=3.5")
-    sim.add_argument("--scrape-interval", type=float, default=15.0, help="seconds")
-    sim.add_argument("--rate-window", type=float, help="seconds (default: spec windowSeconds)")
-    sim.add_argument("--decision-interval", type=float, help="seconds (default: spec)")
-    sim.add_argument("--load-seconds", type=float, help="model-load delay (default: profile)")
+    sim.add_argument("--scrape-interval", type=positive, default=15.0, help="seconds")
+    sim.add_argument("--rate-window", type=positive, help="seconds (default: spec windowSeconds)")
+    sim.add_argument("--decision-interval", type=positive, help="seconds (default: spec)")
+    sim.add_argument(
+        "--load-seconds", type=non_negative, help="model-load delay (default: profile)"
+    )
     sim.add_argument(
         "--routing",
         choices=ROUTINGS,
@@ -402,7 +470,7 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
     )
     sim.add_argument(
         "--warmup",
-        type=float,
+        type=non_negative,
         default=0.0,
         help="seconds of load replayed before the window and not counted (policies start warm); "
         "a trace with less before --start has its window moved to this many seconds in",
@@ -426,17 +494,17 @@ def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     plan.add_argument("--model", default="glm-4.5-fp8", help="model profile")
     plan.add_argument("--model-name", default="zai-org/GLM-4.5-FP8", help="spec.model.name")
     plan.add_argument("--name", default="planned", help="metadata.name of the YAML")
-    plan.add_argument("--ttft-ms", type=float, default=6000.0)
-    plan.add_argument("--itl-ms", type=float, default=20.0)
+    plan.add_argument("--ttft-ms", type=positive, default=6000.0)
+    plan.add_argument("--itl-ms", type=positive, default=20.0)
     plan.add_argument(
         "--share",
-        type=float,
+        type=share,
         default=0.99,
         help="share of the requests (by length) that must meet the targets",
     )
     plan.add_argument(
         "--length-cv",
-        type=float,
+        type=non_negative,
         default=0.0,
         help="without --trace: Gamma-distributed lengths with this CV (0: every request the mean)",
     )
@@ -445,11 +513,14 @@ def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
         action="append",
         help="PROFILE[:price=P][:cards=N][:buy=P][:max=N] (repeatable)",
     )
-    plan.add_argument("--input-price", type=float, default=8.0, help="per million tokens")
-    plan.add_argument("--cached-price", type=float, default=2.0, help="per million tokens")
-    plan.add_argument("--output-price", type=float, default=8.0, help="per million tokens")
+    plan.add_argument("--input-price", type=non_negative, default=8.0, help="per million tokens")
+    plan.add_argument("--cached-price", type=non_negative, default=2.0, help="per million tokens")
+    plan.add_argument("--output-price", type=non_negative, default=8.0, help="per million tokens")
     plan.add_argument(
-        "--blended-price", type=float, default=2.6, help="per million tokens; 0: use the others"
+        "--blended-price",
+        type=non_negative,
+        default=2.6,
+        help="per million tokens; 0: use the others",
     )
     plan.add_argument("-o", "--format", choices=["table", "yaml", "json"], default="table")
     plan.set_defaults(handler=_plan)
@@ -530,9 +601,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `pdctl`."""
+    """Entry point of `pdctl`. Input it cannot use exits 2 with one line naming the flag."""
     args = build_parser().parse_args(argv)
-    result: int = args.handler(args)
+    try:
+        result: int = args.handler(args)
+    except UsageError as error:
+        print(f"pdctl {args.command}: {error}", file=sys.stderr)
+        return 2
     return result
 
 

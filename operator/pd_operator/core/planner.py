@@ -602,8 +602,15 @@ def parse_candidate(text: str, profiles: Mapping[str, HardwareProfile]) -> Candi
     for option in options:
         key, _, value = option.partition("=")
         if key not in ("price", "cards", "buy", "max"):
-            raise ValueError(f"unknown candidate option {key!r} in {text!r}")
-        values[key] = float(value)
+            raise ValueError(f"unknown candidate option {key!r}; known: price, cards, buy, max")
+        try:
+            values[key] = float(value)
+        except ValueError:
+            raise ValueError(f"{key}={value!r} is not a number") from None
+        counted = key in ("cards", "max")
+        if not values[key] >= (1 if counted else 0) or (counted and not values[key].is_integer()):
+            wants = "a whole number of at least 1" if counted else "a number of at least 0"
+            raise ValueError(f"{key}={value} is not {wants}")
     return Candidate(
         profiles[name],
         cards_per_replica=int(values.get("cards", 8)),

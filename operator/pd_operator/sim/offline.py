@@ -65,6 +65,8 @@ POLICY_NAMES = (
     "oracle",
     "prescient",
 )
+# `dynamo-sla:PREDICTOR`: the predictors of Dynamo's planner the baseline implements.
+DYNAMO_PREDICTORS = ("constant", "arima")
 # Prometheus' rate() needs several samples in the window; fewer than four is unreliable.
 MIN_SCRAPES_PER_WINDOW = 4
 # Load measured ahead of the start to size the initial deployment, as an operator would have
@@ -435,6 +437,7 @@ def make_policy(
     `oracle` computes the oracle's schedule, `prescient` the prescient one with its lead
     (they need the whole run; `simulate` passes them).
     """
+    check_policy_name(name)
     base, _, option = name.partition(":")
     if base == "pd-operator":
         interval = timing.decision_interval_s or float(spec.scaling.interval_seconds)
@@ -456,7 +459,17 @@ def make_policy(
             raise ValueError("the prescient schedule comes from the simulator: use simulate()")
         schedule, lead_s = prescient()
         return baselines.Prescient(schedule, lead_s=lead_s, period_s=ORACLE_INTERVAL_S)
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    raise AssertionError(f"policy {name!r} passed its check but has no builder")
+
+
+def check_policy_name(name: str) -> None:
+    """Raise ValueError unless `make_policy` builds a policy of this name."""
+    base, colon, option = name.partition(":")
+    if base not in POLICY_NAMES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    if colon and (base != "dynamo-sla" or option not in DYNAMO_PREDICTORS):
+        predictors = " or ".join(f"dynamo-sla:{p}" for p in DYNAMO_PREDICTORS)
+        raise ValueError(f"unknown policy {name!r}: only {predictors} take an option")
 
 
 def _first(spec: PDDeploymentSpec) -> str:
@@ -1191,9 +1204,14 @@ def parse_cluster(text: str, prices: Mapping[str, float] | None = None) -> Clust
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, shape = part.partition("=")
         nodes, _, cards = shape.partition("x")
-        if name not in HARDWARE_PROFILES or not nodes.isdigit():
-            raise ValueError(f"bad cluster entry {part!r}: want PROFILE=NODESxCARDS")
+        if name not in HARDWARE_PROFILES:
+            known = ", ".join(HARDWARE_PROFILES)
+            raise ValueError(f"unknown profile in {part!r}; known: {known}")
+        if not nodes.isdigit() or not (cards or "8").isdigit() or int(cards or 8) < 1:
+            raise ValueError(f"bad entry {part!r}: want PROFILE=NODESxCARDS, e.g. h200=4x8")
         types.append(NodeType(name, int(nodes), int(cards or 8)))
+    if not types:
+        raise ValueError(f"no node in {text!r}: want PROFILE=NODESxCARDS,..., e.g. h200=4x8")
     return Cluster(tuple(types), dict(prices or {}))
 
 

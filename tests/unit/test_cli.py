@@ -1,0 +1,95 @@
+"""`pdctl simulate` and `pdctl plan` on input they cannot use: one line naming the flag, exit 2."""
+
+from pathlib import Path
+
+import pytest
+
+from pd_operator.cli.main import main
+from traces import real_trace
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """pdctl's exit status, stdout and stderr; argparse's own errors exit through SystemExit."""
+    try:
+        status = main(argv)
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["simulate", "--rate", "-1"], "argument --rate: want a number greater than 0, got -1"),
+        (["simulate", "--duration", "0"], "argument --duration: want a number greater than 0"),
+        (["simulate", "--rate-scale", "x"], "argument --rate-scale: want a number greater than 0"),
+        (["simulate", "--cache-hit", "1.5"], "argument --cache-hit: want a fraction from 0 to 1"),
+        (["simulate", "--warmup", "-1"], "argument --warmup: want a number of at least 0"),
+        (["simulate", "--input-tokens", "0.5"], "argument --input-tokens: want a length of at"),
+        (["simulate", "--model", "nope"], "--model: unknown model profile 'nope'; known: "),
+        (["simulate", "--policy", "hpaa"], "--policy: unknown policy 'hpaa'; choose from"),
+        (["simulate", "--policy", "dynamo-sla:prophet"], "only dynamo-sla:constant or"),
+        (["simulate", "--cluster", "h2000=2x8"], "--cluster: unknown profile in 'h2000=2x8'"),
+        (["simulate", "--cluster", "h200=2xq"], "want PROFILE=NODESxCARDS, e.g. h200=4x8"),
+        (["simulate", "--price", "h200"], "--price 'h200': want PROFILE=PRICE, PROFILE one of"),
+        (["simulate", "--price", "h200=-3"], "the price must be a number of at least 0"),
+        (["simulate", "--trace", "/no/such.csv"], "--trace /no/such.csv: No such file"),
+        (["simulate", "--spec", "/no/such.yaml"], "--spec /no/such.yaml: No such file"),
+        (["simulate", "--output", "/no/such/out.json"], "--output: no folder /no/such to write"),
+        (["plan", "--model", "nope"], "--model: unknown model profile 'nope'"),
+        (["plan", "--share", "1.5"], "argument --share: want a share greater than 0 and at most"),
+        (["plan", "--ttft-ms", "0"], "argument --ttft-ms: want a number greater than 0"),
+        (["plan", "--candidate", "h200:cards=0"], "cards=0 is not a whole number of at least 1"),
+        (["plan", "--candidate", "h200:price=abc"], "price='abc' is not a number"),
+        (["plan", "--candidate", "h200:foo=1"], "unknown candidate option 'foo'; known: price"),
+        (["plan", "--candidate", "b200"], "unknown hardware profile 'b200'; known:"),
+    ],
+)
+def test_bad_input_names_its_flag_in_one_line_and_exits_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(argv, capsys)
+    assert status == 2
+    assert out == ""  # nothing ran
+    assert says in err
+    assert err.splitlines()[-1].startswith(f"pdctl {argv[0]}: ")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("document", "says"),
+    [
+        ("just text\n", "not a PDDeployment document (want a YAML mapping)"),
+        ("a: [unclosed\n", "not YAML"),
+        ("kind: PDDeployment\nspec: {}\n", "spec.model"),  # the API's own message names fields
+    ],
+)
+def test_a_spec_pdctl_cannot_use_is_named_with_what_is_wrong(
+    tmp_path: Path, document: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(document)
+    status, out, err = run(["simulate", "--spec", str(spec)], capsys)
+    assert (status, out) == (2, "")
+    assert f"pdctl simulate: --spec {spec}: " in err
+    assert says in err
+
+
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_a_window_past_the_trace_end_says_where_the_trace_ends(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = real_trace("conversation_trace.jsonl")
+    status, out, err = run([command, "--trace", str(trace), "--start", "99999"], capsys)
+    assert (status, out) == (2, "")
+    assert "no request in the window --start 99999; the trace's last arrival is at 3,537 s" in err
+
+
+def test_every_policy_name_is_checked_before_any_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--rate", "1", "--duration", "60", "--policy", "hpa", "--policy", "orcale"]
+    status, out, err = run(argv, capsys)
+    assert (status, out) == (2, "")  # hpa did not run first only to be thrown away
+    assert "unknown policy 'orcale'" in err
