@@ -93,3 +93,27 @@ def test_every_policy_name_is_checked_before_any_runs(
     status, out, err = run(argv, capsys)
     assert (status, out) == (2, "")  # hpa did not run first only to be thrown away
     assert "unknown policy 'orcale'" in err
+
+
+SIM_CLUSTER = ["sim", "cluster", "--profile", "p.yaml", "--load", "constant:1", "--target", "a/b"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["run", "--workers", "0"], "pdctl run: error: argument --workers: want a whole number"),
+        (["run", "--metrics-port", "70000"], "argument --metrics-port: want a port from 1 to"),
+        (["run", "--resync-seconds", "-5"], "argument --resync-seconds: want a number greater"),
+        (
+            [*SIM_CLUSTER, "--time-scale", "0"],
+            "pdctl sim cluster: error: argument --time-scale: want a number greater than 0",
+        ),
+        (["demo", "--duration", "-1"], "pdctl demo: error: argument --duration: want a number"),
+    ],
+)
+def test_the_other_commands_refuse_numbers_they_cannot_use(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = run(argv, capsys)
+    assert (status, out) == (2, "")
+    assert says in err

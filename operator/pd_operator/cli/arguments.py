@@ -30,6 +30,23 @@ share = _number(lambda v: 0 < v <= 1, "a share greater than 0 and at most 1")
 tokens = _number(lambda v: v >= 1, "a length of at least one token")
 
 
+def _whole(check: Callable[[int], bool], wants: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want {wants}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"want {wants}, got {text}")
+        return value
+
+    return parse
+
+
+count = _whole(lambda v: v >= 1, "a whole number of at least 1")
+port = _whole(lambda v: 0 <= v <= 65535, "a port from 1 to 65535, or 0 to disable it")
+
+
 @contextmanager
 def about(flag: str) -> Iterator[None]:
     """Report a ValueError or OSError raised while using `flag`'s value as that flag's error."""

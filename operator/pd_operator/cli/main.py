@@ -11,9 +11,11 @@ from pd_operator import __version__
 from pd_operator.cli.arguments import (
     UsageError,
     about,
+    count,
     fraction,
     known,
     non_negative,
+    port,
     positive,
     prices,
     share,
@@ -170,26 +172,39 @@ def _add_sim(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
     )
     run.add_argument(
         "--time-scale",
-        type=float,
+        type=positive,
         default=1.0,
         help="wall seconds per simulated second (0.1: ten times faster)",
     )
     run.add_argument(
-        "--duration", type=float, default=0.0, help="simulated seconds to run (0: until Ctrl-C)"
+        "--duration",
+        type=non_negative,
+        default=0.0,
+        help="simulated seconds to run (0: until Ctrl-C)",
     )
     run.add_argument("--model", default="glm-4.5-fp8", help="a model profile of core/hardware.py")
     run.add_argument("--engine", default="vllm", choices=["vllm", "sglang"], help="metric names")
-    run.add_argument("--input-tokens", type=float, default=2000, help="mean prompt length")
-    run.add_argument("--output-tokens", type=float, default=200, help="mean answer length")
-    run.add_argument("--length-cv", type=float, default=1.0, help="CV of both lengths (0: fixed)")
-    run.add_argument("--arrival-cv", type=float, default=1.0, help="1: Poisson, >1: bursty")
-    run.add_argument("--rate-scale", type=float, default=1.0, help="trace: keep this many copies")
+    run.add_argument("--input-tokens", type=tokens, default=2000, help="mean prompt length")
+    run.add_argument("--output-tokens", type=tokens, default=200, help="mean answer length")
     run.add_argument(
-        "--trace-compression", type=float, default=1.0, help="trace: replay this many times faster"
+        "--length-cv", type=non_negative, default=1.0, help="CV of both lengths (0: fixed)"
+    )
+    run.add_argument("--arrival-cv", type=positive, default=1.0, help="1: Poisson, >1: bursty")
+    run.add_argument(
+        "--rate-scale", type=positive, default=1.0, help="trace: keep this many copies"
+    )
+    run.add_argument(
+        "--trace-compression",
+        type=positive,
+        default=1.0,
+        help="trace: replay this many times faster",
     )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
-        "--report-seconds", type=float, default=10.0, help="wall seconds between status lines"
+        "--report-seconds",
+        type=positive,
+        default=10.0,
+        help="wall seconds between status lines",
     )
     run.add_argument("-v", "--verbose", action="store_true")
     run.set_defaults(handler=_sim_cluster)
@@ -543,7 +558,7 @@ def _add_demo(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
         help="the closed loop on one machine: control plane, Prometheus, simulated S5000/H200 "
         "cluster, operator, a load with a surge, a live table",
     )
-    demo.add_argument("--duration", type=float, default=180.0, help="wall seconds of load")
+    demo.add_argument("--duration", type=positive, default=180.0, help="wall seconds of load")
     demo.add_argument(
         "--load",
         choices=("auto", "trace", "synthetic"),
@@ -565,12 +580,12 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the operator")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     run.add_argument("--namespace", action="append", help="watch only this namespace (repeatable)")
-    run.add_argument("--workers", type=int, default=4, help="concurrent reconciles")
+    run.add_argument("--workers", type=count, default=4, help="concurrent reconciles")
     run.add_argument(
-        "--resync-seconds", type=float, default=300.0, help="full resync period in seconds"
+        "--resync-seconds", type=positive, default=300.0, help="full resync period in seconds"
     )
-    run.add_argument("--metrics-port", type=int, default=8000, help="0 disables /metrics")
-    run.add_argument("--health-port", type=int, default=8080, help="0 disables /healthz")
+    run.add_argument("--metrics-port", type=port, default=8000, help="0 disables /metrics")
+    run.add_argument("--health-port", type=port, default=8080, help="0 disables /healthz")
     run.add_argument(
         "--peering", help="kopf peering name for HA (default: standalone, one replica)"
     )
