@@ -44,6 +44,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
         (["plan", "--candidate", "h200:price=abc"], "price='abc' is not a number"),
         (["plan", "--candidate", "h200:foo=1"], "unknown candidate option 'foo'; known: price"),
         (["plan", "--candidate", "b200"], "unknown hardware profile 'b200'; known:"),
+        (["plan", "-o", "yaml", "--name", "Bad_Name"], "metadata.name must be a DNS label"),
     ],
 )
 def test_bad_input_names_its_flag_in_one_line_and_exits_2(

@@ -424,7 +424,9 @@ def _plan(args: argparse.Namespace) -> int:
         return 1
     if args.format == "yaml":
         document = deployment_document(result, name=args.name, model_name=args.model_name)
-        parse_pddeployment(document)  # never print a document the CRD would reject
+        # Never print a document the CRD would reject; what it could reject comes from flags.
+        with about(f"--name {args.name!r} or --model-name {args.model_name!r}"):
+            parse_pddeployment(document)
         print(yaml.safe_dump(document, sort_keys=False), end="")
     elif args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
