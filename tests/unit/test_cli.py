@@ -110,6 +110,23 @@ SIM_CLUSTER = ["sim", "cluster", "--profile", "p.yaml", "--load", "constant:1", 
             "pdctl sim cluster: error: argument --time-scale: want a number greater than 0",
         ),
         (["demo", "--duration", "-1"], "pdctl demo: error: argument --duration: want a number"),
+        (
+            ["sim", "cluster", "--profile", "p.yaml", "--load", "consant:1", "--target", "a/b"],
+            "pdctl sim cluster: --load: bad load 'consant:1' (unknown form); expected one of",
+        ),
+        (
+            [
+                "sim",
+                "cluster",
+                "--profile",
+                "/no/such.yaml",
+                "--load",
+                "constant:1",
+                "--target",
+                "a/b",
+            ],
+            "pdctl sim cluster: --profile /no/such.yaml: No such file or directory",
+        ),
     ],
 )
 def test_the_other_commands_refuse_numbers_they_cannot_use(

@@ -96,25 +96,19 @@ def _sim_cluster(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
+    with about("--target"):
         target = parse_target(args.target)
-        lengths = TokenLengths(
-            args.input_tokens, args.output_tokens, args.length_cv, args.length_cv
-        )
-        replay = ReplayOptions(
-            rate_scale=args.rate_scale, time_compression=args.trace_compression, seed=args.seed
-        )
+    lengths = TokenLengths(args.input_tokens, args.output_tokens, args.length_cv, args.length_cv)
+    replay = ReplayOptions(
+        rate_scale=args.rate_scale, time_compression=args.trace_compression, seed=args.seed
+    )
+    with about("--load"):
         load = parse_load(
             args.load, lengths, arrival_cv=args.arrival_cv, seed=args.seed, replay=replay
         )
+    with about(f"--profile {args.profile}"):
         profile = load_profile(args.profile)
-    except (ValueError, OSError) as error:
-        sys.exit(f"pdctl sim cluster: {error}")
-    model = MODEL_PROFILES.get(args.model)
-    if model is None:
-        sys.exit(
-            f"pdctl sim cluster: unknown model {args.model!r}; known: {sorted(MODEL_PROFILES)}"
-        )
+    model = MODEL_PROFILES[known(args.model, "--model", MODEL_PROFILES, "model profile")]
     sd_file = None
     if args.prometheus_sd_dir:
         sd_file = Path(args.prometheus_sd_dir) / f"pd-sim-{profile.name}.json"
@@ -623,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result: int = args.handler(args)
     except UsageError as error:
-        print(f"pdctl {args.command}: {error}", file=sys.stderr)
+        command = " ".join(filter(None, (args.command, getattr(args, "sim_command", None))))
+        print(f"pdctl {command}: {error}", file=sys.stderr)
         return 2
     return result
 
