@@ -3,16 +3,21 @@
 import argparse
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
+
+Number = TypeVar("Number", int, float)
 
 
 class UsageError(Exception):
     """Input `pdctl` cannot use; the message names the flag and the fix."""
 
 
-def _number(check: Callable[[float], bool], wants: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
+def _checked(
+    convert: Callable[[str], Number], check: Callable[[Number], bool], wants: str
+) -> Callable[[str], Number]:
+    def parse(text: str) -> Number:
         try:
-            value = float(text)
+            value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"want {wants}, got {text!r}") from None
         if not check(value):
@@ -23,28 +28,13 @@ def _number(check: Callable[[float], bool], wants: str) -> Callable[[str], float
 
 
 # argparse `type=` functions: argparse prints "argument --flag: want ..., got ..." and exits 2.
-positive = _number(lambda v: v > 0, "a number greater than 0")
-non_negative = _number(lambda v: v >= 0, "a number of at least 0")
-fraction = _number(lambda v: 0 <= v <= 1, "a fraction from 0 to 1")
-share = _number(lambda v: 0 < v <= 1, "a share greater than 0 and at most 1")
-tokens = _number(lambda v: v >= 1, "a length of at least one token")
-
-
-def _whole(check: Callable[[int], bool], wants: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"want {wants}, got {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"want {wants}, got {text}")
-        return value
-
-    return parse
-
-
-count = _whole(lambda v: v >= 1, "a whole number of at least 1")
-port = _whole(lambda v: 0 <= v <= 65535, "a port from 1 to 65535, or 0 to disable it")
+positive = _checked(float, lambda v: v > 0, "a number greater than 0")
+non_negative = _checked(float, lambda v: v >= 0, "a number of at least 0")
+fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction from 0 to 1")
+share = _checked(float, lambda v: 0 < v <= 1, "a share greater than 0 and at most 1")
+tokens = _checked(float, lambda v: v >= 1, "a length of at least one token")
+count = _checked(int, lambda v: v >= 1, "a whole number of at least 1")
+port = _checked(int, lambda v: 0 <= v <= 65535, "a port from 1 to 65535, or 0 to disable it")
 
 
 @contextmanager

@@ -155,8 +155,9 @@ def read_load(
     # good); a queue that takes a whole TTFT target to serve is not.
     saturated = (
         role == "prefill"
-        and bool(waiting)
-        and (waiting or 0.0) * (mean_prompt or 0.0) >= (served or 0.0) * target_seconds
+        and waiting is not None
+        and waiting > 0
+        and waiting * (mean_prompt or 0.0) >= (served or 0.0) * target_seconds
     )
     bucket = None
     if latency.value is not None:

@@ -501,7 +501,7 @@ def _initial(
     if isinstance(policy, baselines.Oracle):
         return dict(policy.schedule[0])
     if isinstance(policy, baselines.Prescient):
-        return baselines.started_replicas(policy.schedule, policy.period_s, policy.lead_s, 0.0)
+        return started_replicas(policy.schedule, policy.period_s, policy.lead_s, 0.0)
     frontend = arrivals.between(0.0, INITIAL_SIZING_S)
     out: dict[PoolKey, int] = {}
     for role in ROLES:
