@@ -519,11 +519,11 @@ def test_a_breach_that_more_replicas_did_not_lower_adds_no_more():
     assert state.pool("prefill", "p").capacity_per_replica == pytest.approx(1000.0)
     # It stays futile while the breach is not clearly worse...
     later = T0 + 12 * INTERVAL
-    sizes, _, _ = breach_loop(state, 4, [(4, {"ratio": 1.7, "tokens": 2000.0})], later)
-    assert sizes == [4] * 4
+    sizes, _, _ = breach_loop(state, 3, [(4, {"ratio": 1.7, "tokens": 2000.0})], later)
+    assert sizes == [3] * 4
     # ...and a breach 20% worse is acted on again.
-    sizes, _, _ = breach_loop(state, 4, [(1, {"ratio": 1.9, "tokens": 2000.0})], later)
-    assert sizes[-1] > 4
+    sizes, _, _ = breach_loop(state, 3, [(1, {"ratio": 1.9, "tokens": 2000.0})], later)
+    assert sizes[-1] > 3
 
 
 def test_a_breach_that_stays_under_more_load_per_replica_is_still_one_of_capacity():
@@ -923,6 +923,58 @@ def test_loading_replicas_count_as_coming_capacity_until_their_ready_time():
         spec, observe(spec, ready_by + 1, loading, prefill=breach), first.state, ready_by + 1
     )
     assert replicas(late) == 4
+
+
+def test_a_breach_waits_for_the_replicas_arriving_when_the_demand_sizes_the_role():
+    # The demand grows and feed-forward adds a replica while the TTFT is still met. While it
+    # loads, a burst of long prompts reads as a 3x breach at the same demand. The replica
+    # coming was sized for that demand: doubling the Ready ones on top of it (the feedback
+    # term) over-provisioned the Mooncake synthetic trace for five minutes.
+    spec = spec_of({"scaling": {"scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 4}}})
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    grown = decide(
+        spec,
+        observe(
+            spec,
+            T0,
+            {("prefill", "p"): 2, ("decode", "d"): 1},
+            prefill={"ratio": 0.8, "tokens": 2000.0},
+        ),
+        state,
+        T0,
+    )
+    assert grown is not None and replicas(grown) == 3
+    burst = {"ratio": 3.0, "tokens": 2000.0}
+    loading = {("prefill", "p"): PoolObservation(3, ready=2), ("decode", "d"): 1}
+    held = decide(spec, observe(spec, T0 + 30, loading, prefill=burst), grown.state, T0 + 30)
+    assert replicas(held) == 3
+    assert limit(held) == "warmup"
+    assert held is not None
+    assert "waits for the replicas loading or just Ready" in held.pools[0].reason  # prefill
+    # More demand than the replica coming was sized for still grows the role at once.
+    more = {"ratio": 3.0, "tokens": 4000.0}
+    assert (
+        replicas(decide(spec, observe(spec, T0 + 30, loading, prefill=more), grown.state, T0 + 30))
+        > 3
+    )
+    # Once Ready, the replica has a window to show its effect; then a breach that stays is one
+    # of capacity again, and feedback acts.
+    now, state, sizes = T0 + 90, held.state, []
+    while now <= T0 + 90 + spec.slo.window_seconds + INTERVAL:
+        decision = decide(
+            spec,
+            observe(spec, now, {("prefill", "p"): 3, ("decode", "d"): 1}, prefill=burst),
+            state,
+            now,
+        )
+        assert decision is not None
+        sizes.append(replicas(decision))
+        state, now = decision.state, now + INTERVAL
+    assert sizes[0] == 3
+    assert sizes[-1] > 3
+    # Without an estimate, feedback is the only term that grows a role: it does not wait.
+    unknown = decide(spec, observe(spec, T0 + 30, loading, prefill=burst), PolicyState(), T0 + 30)
+    assert replicas(unknown) > 3
 
 
 def test_the_load_time_comes_from_the_profile_and_is_then_learned():

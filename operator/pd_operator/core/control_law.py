@@ -4,7 +4,8 @@ Capacity is counted in the role's capacity units: tokens/s when the pools have a
 (`core.learning`), cards otherwise. Three terms, each a capacity the role should have:
 
 * feedback: ready capacity x latency/target (at most doubled), when latency is over the target
-  by more than the tolerance;
+  by more than the tolerance and no replicas are arriving (where the demand can size the role:
+  the latency does not show arriving replicas yet);
 * feed-forward: demand (tokens/s, plus the prefill queue drained within one SLO window) at
   TARGET_UTILISATION of the estimated capacity (prefill: at PREFILL_GROW_SHARE of the
   utilisation at which its queue still meets the TTFT target, `core.queueing`);
@@ -82,6 +83,11 @@ class RoleLoad:
     # Replicas became Ready within the window: they drain the queue, which is then no reason
     # to grow (it still counts against shrinking).
     queue_drained: bool = False
+    # Replicas are loading or became Ready within the window: the latency does not show them
+    # yet, so it is no measure of how much more the role needs. Feedback waits for them; the
+    # demand and memory terms still size the role. (Without this, a burst of long prompts
+    # that read as a 3x breach doubled prefill while the replica sized for it was loading.)
+    capacity_arriving: bool = False
     # A breach that more replicas did not lower (see `core.policy`): no reason to add more.
     futile: bool = False
     # Over the target, but read in a bucket that also holds values under it, and no queue
@@ -225,6 +231,8 @@ class Need:
     shrink_to: float | None  # None: no shrinking (a term holds, or the demand is unknown)
     probe: bool  # no prediction allows shrinking, but one replica less may be tried
     demand_unknown: bool  # shrinking was blocked only because the demand could not be read
+    # Feedback called for more, but waits for the replicas arriving (`RoleLoad.capacity_arriving`).
+    awaiting_arrivals: bool = False
 
 
 def role_need(
@@ -247,6 +255,11 @@ def role_need(
     grow: list[float] = []
     floors: list[float] = []
     ratio = load.latency_ratio
+    demand = load.demand_tokens_per_second
+    predictable = demand is not None and capacity.basis is not None
+    # A lower bound would over-provision on the way up: it does not size growth.
+    sizes_growth = predictable and capacity.basis != "lower-bound"
+    feedback = None
     if ratio is not None:
         resolved = not load.breach_unresolved
         if (
@@ -256,13 +269,15 @@ def role_need(
             and resolved
             and not load.tail_only
         ):
-            grow.append(ready_capacity * min(ratio, MAX_FEEDBACK_GAIN))
+            feedback = ready_capacity * min(ratio, MAX_FEEDBACK_GAIN)
+            # Feedback waits for arriving replicas where the demand can size the role; without
+            # an estimate it is the only term, and acts as before.
+            if not (load.capacity_arriving and sizes_growth):
+                grow.append(feedback)
         if ratio >= HOLD_RATIO and resolved and not load.tail_only:
             floors.append(placeable_capacity)
-    demand = load.demand_tokens_per_second
-    predictable = demand is not None and capacity.basis is not None
     if demand is not None and capacity.basis is not None:
-        if capacity.basis != "lower-bound":  # a lower bound would over-provision on the way up
+        if sizes_growth:
             wanted = load.served_tokens_per_second if load.queue_drained else demand
             grow.append((wanted or 0.0) / grow_at)
         floors.append(demand / shrink_to_at)
@@ -289,6 +304,9 @@ def role_need(
         and quiet
         and roomy,
         demand_unknown=demand is None and (ratio is None or ratio < HOLD_RATIO),
+        awaiting_arrivals=grow_to is None
+        and feedback is not None
+        and feedback > placeable_capacity * (1 + EPSILON),
     )
 
 

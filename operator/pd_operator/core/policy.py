@@ -75,6 +75,7 @@ RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "capacity": "no room on the nodes for more",
     "bounds": "at max",
     "metrics": "demand unreadable: not scaling down",
+    "warmup": "the breach waits for the replicas loading or just Ready",
 }
 # Which limit names a whole decision when pools were limited by different things.
 LIMIT_PRIORITY: tuple[LimitedBy, ...] = ("metrics", "capacity", "ratio", "warmup", "bounds", "rate")
@@ -219,14 +220,24 @@ def _capacity(
     )
 
 
-def _drained_by_new_replicas(
+def _arriving_capacity(
     spec: PDDeploymentSpec, load: RoleLoad, pools: list[_Pool], now: float
 ) -> RoleLoad:
-    """Mark the load when replicas became Ready within the window: the queue built up before
-    they served, and they drain it now."""
+    """Mark the load when replicas of the role are loading or became Ready within the window.
+
+    Either way the latency does not show them yet. Replicas that became Ready drain the queue
+    that built up before they served. A replica still loading counts only until the load time
+    expected for it: one that never becomes Ready is a loss of capacity, not capacity coming.
+    """
     window = spec.slo.window_seconds
     arrived = any(p.window_ready(now, window)[0] < p.seen.ready for p in pools)
-    return replace(load, queue_drained=True) if arrived else load
+    loading = any(
+        p.memory.ready_by is not None and now < p.memory.ready_by and p.seen.ready < p.placeable
+        for p in pools
+    )
+    if not (arrived or loading):
+        return load
+    return replace(load, queue_drained=arrived, capacity_arriving=True)
 
 
 def _futility(
@@ -332,6 +343,8 @@ def _decide_role(
             raw = shrink(slots, one_less(slots))
         elif need.demand_unknown:
             limits = {p.spec.name: "metrics" for p in pools if p.current > p.spec.replicas.min}
+        if need.awaiting_arrivals:
+            limits = {p.spec.name: "warmup" for p in pools}
     warming, decode_short = gates
     scaling = spec.scaling
     for pool in pools:
@@ -539,7 +552,7 @@ def decide(
     }
     futility: dict[Role, tuple[float | None, bool]] = {}
     for role in ROLES:
-        loads[role] = _drained_by_new_replicas(spec, loads[role], work[role], now)
+        loads[role] = _arriving_capacity(spec, loads[role], work[role], now)
         futility[role] = _futility(spec, work[role], loads[role], state.role(role), now)
         if futility[role][0] is not None:
             note = f"{loads[role].note}; the last scale-up did not lower this breach"
