@@ -1,6 +1,7 @@
 """Offline simulator: same latencies as the engine, the real policy in the loop, determinism."""
 
 import io
+import itertools
 import json
 import math
 import statistics
@@ -173,6 +174,31 @@ def test_the_operator_grows_prefill_when_load_triples_and_shrinks_after() -> Non
     assert prefill[-1] < max(prefill)
 
 
+def test_each_scale_change_carries_the_operator_s_reason_for_it() -> None:
+    # What a platform engineer reads to see why the policy scaled: the decision's own reason,
+    # at the time of each change, after the warm-up shifted to the window's start.
+    result = simulate(
+        make_spec(),
+        load([0.5, 3.0, 3.0, 0.5, 0.5, 0.5]),
+        "pd-operator",
+        model=GLM_45_FP8,
+        warmup_s=120,
+    )
+    changes = result.changes()
+    assert len(changes) > 2
+    assert [t for t, _ in result.reasons] == [c["t"] for c in changes[1:]]
+    for before, after in itertools.pairwise(changes):
+        moved = {p: n for p, n in after["replicas"].items() if n != before["replicas"][p]}
+        assert moved
+        for key, count in moved.items():
+            pool = key.split("/")[1]
+            assert f"{pool} {before['replicas'][key]}->{count}" in after["reason"]
+    lines = result.change_lines()
+    assert len(lines) == len(changes) - 1
+    assert all(": prefill: " in line for line in lines)
+    assert result.to_dict()["timeline"] == changes
+
+
 def test_a_burst_one_prefill_replica_absorbed_does_not_keep_a_second_one() -> None:
     # 12K prompt tokens/s on one S5000 replica (~40% of it), and 600 prompts in 10 s: the
     # queue is gone within half a minute, but the minute's P99 TTFT breaches. The second
@@ -260,6 +286,29 @@ def test_pdctl_simulate_prints_one_summary_per_policy(capsys: pytest.CaptureFixt
     assert [s["policy"] for s in summaries] == ["hpa", "oracle"]
     assert all(0 <= s["attainment"]["both"] <= 1 for s in summaries)
     assert "hpa: t=" in captured.err  # progress goes to stderr
+
+
+def test_pdctl_simulate_explain_lists_each_scale_change_with_its_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["simulate", "--rate", "12", "--duration", "240", "--explain"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    changes = out.split("pd-operator: scale changes (seconds from the window's start)\n")[1]
+    lines = changes.strip().splitlines()
+    assert lines
+    for line in lines:
+        when, _, rest = line.strip().partition(" s  ")
+        assert float(when) > 0
+        pool_move, _, reason = rest.partition(": ")
+        assert "->" in pool_move and reason.startswith("prefill: ")
+    assert main([*argv, "-o", "json", "--policy", "pd-operator", "--policy", "static-peak"]) == 0
+    ours, fixed = json.loads(capsys.readouterr().out)
+    assert ours["changes"][0]["t"] == 0 and len(ours["changes"]) == len(lines) + 1
+    assert all(c["reason"].startswith("prefill: ") for c in ours["changes"][1:])
+    assert len(fixed["changes"]) == 1  # static-peak never changes
+    assert main([*argv[:-1], "-o", "json"]) == 0
+    assert "changes" not in json.loads(capsys.readouterr().out)[0]
 
 
 def test_pdctl_simulate_replays_a_trace_behind_either_router(

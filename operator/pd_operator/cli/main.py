@@ -348,9 +348,16 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(json.dumps([r.to_dict() for r in results], indent=1))
     if args.format == "json":
-        print(json.dumps([r.summary() for r in results], indent=2))
+        summaries = [
+            r.summary() | ({"changes": r.changes()} if args.explain else {}) for r in results
+        ]
+        print(json.dumps(summaries, indent=2))
     else:
         print(markdown_table([table_row(r) for r in results], TABLE_COLUMNS))
+        if args.explain:
+            for result in results:
+                print(f"\n{result.policy}: scale changes (seconds from the window's start)")
+                print("\n".join(f"  {line}" for line in result.change_lines()) or "  none")
     return 0
 
 
@@ -495,6 +502,11 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
         "--progress",
         action="store_true",
         help="report progress on stderr also when it is not a terminal (a bar when it is)",
+    )
+    sim.add_argument(
+        "--explain",
+        action="store_true",
+        help="also list each policy's scale changes with its reason for each",
     )
     sim.set_defaults(handler=_simulate)
 

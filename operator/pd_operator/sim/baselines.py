@@ -59,6 +59,8 @@ class Policy(Protocol):
     name: str
     interval_s: float
     warm_up: bool  # False: new replicas serve at once (the oracle)
+    # A policy may also say why it made its last decision in a `reason` attribute (str); the
+    # simulator records it with each scale change (`SimResult.reasons`).
 
     def decide(self, view: View) -> Mapping[PoolKey, int]: ...
 
@@ -114,12 +116,14 @@ class OperatorPolicy:
     name: str = "pd-operator"
     warm_up: bool = True
     state: PolicyState = field(default_factory=PolicyState)
+    reason: str = ""  # the decision's reason, as the PDDeployment's status would show it
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
         decision = decide(view.spec, view.observation, self.state, view.now)
         if decision is None:
+            self.reason = "scaling is Disabled"
             return view.replicas
-        self.state = decision.state
+        self.state, self.reason = decision.state, decision.reason
         return decision.replicas
 
 
@@ -131,6 +135,7 @@ class StaticPeak:
     name: str = "static-peak"
     interval_s: float = 3600.0
     warm_up: bool = True
+    reason: str = "fixed at the size for the trace's busiest minute"
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
         return self.replicas
@@ -152,6 +157,7 @@ class HPA:
     name: str = "hpa"
     interval_s: float = 15.0
     warm_up: bool = True
+    reason: str = ""
     tolerance: float = 0.1
     down_window_s: float = 300.0
     up_period_s: float = 60.0
@@ -241,6 +247,7 @@ class DynamoSLA:
     name: str = "dynamo-sla"
     interval_s: float = 5.0
     warm_up: bool = True
+    reason: str = ""
     predict_every_s: float = 180.0
     last_predict: float = -math.inf
     rates: list[float] = field(default_factory=list)
@@ -300,6 +307,7 @@ class LlmdSLO:
     name: str = "llm-d-slo"
     interval_s: float = 15.0
     warm_up: bool = True
+    reason: str = ""
     up_at: float = 0.55
     down_at: float = 0.40
     up_pods: int = 4
@@ -413,6 +421,7 @@ class Prescient:
     interval_s: float = 1.0
     period_s: float = 60.0
     warm_up: bool = True
+    reason: str = "the schedule a perfect forecast finds, started one model load ahead"
 
     def __post_init__(self) -> None:
         if not self.schedule:
@@ -436,6 +445,7 @@ class Oracle:
     name: str = "oracle"
     interval_s: float = 60.0
     warm_up: bool = False
+    reason: str = "the hindsight schedule: the fewest replicas that meet the SLO this minute"
 
     def __post_init__(self) -> None:
         if not self.schedule:

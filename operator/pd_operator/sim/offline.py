@@ -9,6 +9,7 @@ placement until it has drained. `simulate` is pure apart from the optional progr
 """
 
 import copy
+import itertools
 import math
 import time
 from bisect import bisect_left
@@ -149,6 +150,9 @@ class SimResult:
     timeline: list[tuple[float, dict[str, int]]]  # (time, replicas per "role/pool") on change
     end_s: float
     wall_s: float
+    # Why each change after the first entry of `timeline` was made, at the same times: the
+    # policy's own words (pd-operator: its decision's reason, as status shows it).
+    reasons: list[tuple[float, str]] = field(default_factory=list)
 
     @property
     def requests(self) -> int:
@@ -203,10 +207,28 @@ class SimResult:
             "wall_s": self.wall_s,
         }
 
+    def changes(self) -> list[dict[str, Any]]:
+        """The replica timeline: replicas per pool from `t`, and why they changed there."""
+        why = dict(self.reasons)
+        return [{"t": t, "replicas": r, "reason": why.get(t, "")} for t, r in self.timeline]
+
+    def change_lines(self) -> list[str]:
+        """Each change after the start as one line: time, the pools that moved, and why."""
+        lines, why = [], dict(self.reasons)
+        for (_, before), (t, after) in itertools.pairwise(self.timeline):
+            moved = ", ".join(
+                f"{pool} {before.get(pool, 0)}->{count}"
+                for pool, count in after.items()
+                if count != before.get(pool, 0)
+            )
+            reason = why.get(t, "")
+            lines.append(f"{t:7.0f} s  {moved}" + (f": {reason}" if reason else ""))
+        return lines
+
     def to_dict(self) -> dict[str, Any]:
-        """The summary plus the replica timeline and per-request TTFT/TPOT."""
+        """The summary plus the replica timeline (with reasons) and per-request TTFT/TPOT."""
         out = self.summary()
-        out["timeline"] = [{"t": t, "replicas": r} for t, r in self.timeline]
+        out["timeline"] = self.changes()
         out["requests_detail"] = [
             {
                 "arrival_s": o.arrival_s,
@@ -1059,6 +1081,7 @@ def simulate(
     scrapes: list[Scrape] = []
     card_seconds: dict[str, float] = {}
     timeline = [(0.0, {f"{r}/{p}": n for (r, p), n in fleet.replicas().items()})]
+    reasons: list[tuple[float, str]] = []
     actions = 0
     now, next_scrape, next_decision = 0.0, 0.0, chosen.interval_s
     records: dict[int, RequestRecord] = {}
@@ -1089,7 +1112,7 @@ def simulate(
                 replicas=fleet.replicas(),
                 room=fleet.room(),
             )
-            changed = _act(chosen, view, fleet, engine, timeline)
+            changed = _act(chosen, view, fleet, engine, timeline=timeline, reasons=reasons)
             actions += changed if now >= warmup_s else 0
         if progress:
             progress(Progress(chosen.name, now, last_arrival, len(records), len(requests)))
@@ -1120,6 +1143,7 @@ def simulate(
         timeline=_measured_timeline(timeline, warmup_s),
         end_s=max(0.0, now - warmup_s),
         wall_s=time.perf_counter() - started,
+        reasons=[(t - warmup_s, why) for t, why in reasons if t > warmup_s],
     )
 
 
@@ -1160,14 +1184,17 @@ def _act(
     view: View,
     fleet: _Fleet,
     engine: PDEngine,
+    *,
     timeline: list[tuple[float, dict[str, int]]],
+    reasons: list[tuple[float, str]],
 ) -> int:
-    """Apply the policy's answer; record a change on the timeline; pools changed."""
+    """Apply the policy's answer; record a change, and why, on the timeline; pools changed."""
     before = fleet.replicas()
     fleet.apply(engine, policy.decide(view), policy.warm_up)
     after = fleet.replicas()
     if after != before:
         timeline.append((view.now, {f"{r}/{p}": n for (r, p), n in after.items()}))
+        reasons.append((view.now, getattr(policy, "reason", "")))
     return sum(1 for k in after if after[k] != before[k])
 
 
