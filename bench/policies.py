@@ -54,7 +54,13 @@ COLUMNS = ("trace", *TABLE_COLUMNS)
 
 
 def _options(
-    path: Path, start: float, duration: float, servegen_rps: float, rate_scale: float
+    path: Path,
+    start: float,
+    duration: float,
+    servegen_rps: float,
+    rate_scale: float,
+    *,
+    seed: int = 0,
 ) -> ReplayOptions:
     if "servegen" in path.name:
         return ReplayOptions(
@@ -62,8 +68,9 @@ def _options(
             duration_s=duration * SERVEGEN_COMPRESSION,
             rate_scale=rate_scale * servegen_rps / SERVEGEN_MEAN_RPS / SERVEGEN_COMPRESSION,
             time_compression=SERVEGEN_COMPRESSION,
+            seed=seed,
         )
-    return ReplayOptions(start_s=start, duration_s=duration, rate_scale=rate_scale)
+    return ReplayOptions(start_s=start, duration_s=duration, rate_scale=rate_scale, seed=seed)
 
 
 ATTAINMENT_TARGET = 0.99
@@ -140,6 +147,13 @@ def main() -> int:
         "--rate-scale", type=positive, default=1.0, help="multiply each trace's rate"
     )
     parser.add_argument("--servegen-rps", type=positive, default=20.0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="replay seed: which requests a --rate-scale other than 1 keeps or copies, and the "
+        "arrivals drawn from ServeGen's rates",
+    )
     parser.add_argument("--policy", action="append", help="default: every policy")
     parser.add_argument("--routing", choices=ROUTINGS, default="prefix-aware")
     parser.add_argument("--csv", type=Path)
@@ -158,7 +172,9 @@ def main() -> int:
     verdicts = []
     windows = []
     for path in paths:
-        options = _options(path, args.start, args.duration, args.servegen_rps, args.rate_scale)
+        options = _options(
+            path, args.start, args.duration, args.servegen_rps, args.rate_scale, seed=args.seed
+        )
         requests = load_trace(path, options.with_warmup(args.warmup))
         measured = options.measured_start_s(args.warmup) / options.time_compression
         window = f"[{measured:.0f}, {measured + args.duration:.0f}) s"
@@ -180,7 +196,8 @@ def main() -> int:
             rows.append({"trace": path.name, **table_row(results[policy])})
             print(f"  {policy}: {rows[-1]}", file=sys.stderr)
         verdicts.append(f"{path.name}: {targets(results)}")
-    print(header(spec, args.warmup, args.rate_scale, windows) + f"; routing {args.routing}")
+    seed = f"; replay seed {args.seed}" if args.seed else ""
+    print(header(spec, args.warmup, args.rate_scale, windows) + f"; routing {args.routing}{seed}")
     print()
     print(markdown_table(rows, COLUMNS))
     print()
