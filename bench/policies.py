@@ -1,7 +1,7 @@
 """Every autoscaling policy on every trace: SLO attainment, card-hours, cost, scale actions.
 
     .venv/bin/python bench/policies.py [TRACE ...] [--start 0] [--duration 600] [--warmup 300]
-        [--percentile P99] [--rate-scale 1] [--csv out.csv]
+        [--percentile P99] [--rate-scale 1] [--seed 0] [--csv out.csv]
 
 Without paths it runs every trace in ../shared/traces. Each trace is measured over `--duration`
 seconds (a window from `--start`) through the offline simulator with the example deployment
@@ -10,6 +10,8 @@ seconds (a window from `--start`) through the offline simulator with the example
 The `--warmup` seconds before the window are replayed first through the same simulation and
 policy, uncounted, so every policy enters the window warm, as a continuously running operator
 would; where the trace has less before `--start`, the window moves to `--warmup` seconds in.
+A `--rate-scale` other than 1 keeps or copies requests at random, and ServeGen's arrivals are
+drawn from its rates: `--seed` picks the draw.
 ServeGen aggregates are rate curves over 14 days: they are replayed 144x faster (one day per
 10 minutes) and scaled to `--servegen-rps` mean requests per second (times `--rate-scale`).
 Prints a markdown table; `--csv` also writes CSV.
