@@ -199,6 +199,28 @@ def test_each_scale_change_carries_the_operator_s_reason_for_it() -> None:
     assert result.to_dict()["timeline"] == changes
 
 
+@pytest.mark.parametrize(
+    ("policy", "says"),
+    [
+        ("hpa", "{role}/{pool}: "),  # the pool's metric against its target
+        ("llm-d-slo", "{role}: P90 "),  # s = P90 latency over its target
+        ("dynamo-sla", "{role} mean "),  # the reactive loop, or "predictive" for both roles
+    ],
+)
+def test_the_baselines_say_why_they_scaled(policy: str, says: str) -> None:
+    result = simulate(make_spec(), load([0.5, 3.0, 3.0, 0.5, 0.5, 0.5]), policy, model=GLM_45_FP8)
+    changes = result.changes()
+    assert len(changes) > 1
+    for before, after in itertools.pairwise(changes):
+        for key, count in after["replicas"].items():
+            if count != before["replicas"][key]:
+                role, pool = key.split("/")
+                reason = after["reason"]
+                assert says.format(role=role, pool=pool) in reason or reason.startswith(
+                    "predictive"
+                ), reason
+
+
 def test_a_burst_one_prefill_replica_absorbed_does_not_keep_a_second_one() -> None:
     # 12K prompt tokens/s on one S5000 replica (~40% of it), and 600 prompts in 10 s: the
     # queue is gone within half a minute, but the minute's P99 TTFT breaches. The second

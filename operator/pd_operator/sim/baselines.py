@@ -166,18 +166,24 @@ class HPA:
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
         out = dict(view.replicas)
+        words = []
         for role in ROLES:
             pools = view.spec.pools(role)
             ready_total = sum(view.observation.pools[(role, p.name)].ready for p in pools)
+            metric = "in-flight requests per pod" if role == "prefill" else "KV-cache usage"
             for pool in pools:
                 key = (role, pool.name)
                 current = view.replicas[key]
                 ready = view.observation.pools[key].ready
                 ratio = _hpa_ratio(view, role, pool, ready_total)
                 if ratio is None or ready == 0:
+                    words.append(f"{role}/{pool.name}: no {metric} reading, hold")
                     continue  # HPA skips a scale when the metric is missing
                 raw = current if abs(ratio - 1) <= self.tolerance else math.ceil(ready * ratio)
                 out[key] = self._limit(view, key, current, raw)
+                limited = f" (limited to {out[key]})" if out[key] != raw else ""
+                words.append(f"{role}/{pool.name}: {metric} {ratio:.2f}x target -> {raw}{limited}")
+        self.reason = "; ".join(words)
         return out
 
     def _limit(self, view: View, key: PoolKey, current: int, raw: int) -> int:
@@ -278,7 +284,12 @@ class DynamoSLA:
                         utilisation=1.0,
                     )
                 )
+            self.reason = (
+                f"predictive ({self.predictor}): {rate:.2f} requests/s forecast, sized at the "
+                "profiles' capacity at the SLO"
+            )
             return out
+        words = []
         for role in ROLES:
             stats = view.stats.get(role)
             mean = stats.mean_latency_s if stats else None
@@ -292,6 +303,9 @@ class DynamoSLA:
             pool = view.spec.pools(role)[0 if step > 0 else -1]
             key = (role, pool.name)
             out[key] = _clamp(view.spec, key, view.replicas[key] + step, view.room)
+            name = "TTFT" if role == "prefill" else "ITL"
+            words.append(f"reactive: {role} mean {name} {ratio:.2f}x target, {step:+d}")
+        self.reason = "; ".join(words)
         return out
 
 
@@ -318,12 +332,24 @@ class LlmdSLO:
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
         out = dict(view.replicas)
+        words = []
         for role in ROLES:
             stats = view.stats.get(role)
             if stats is None or stats.p90_latency_s is None:
                 continue
             target = view.spec.slo.ttft if role == "prefill" else view.spec.slo.itl
             s = stats.p90_latency_s / (target.target_milliseconds / 1000)
+            name = "TTFT" if role == "prefill" else "TPOT"
+            words.append(
+                f"{role}: P90 {name} {s:.2f}x target "
+                + (
+                    "(up above 0.55)"
+                    if s > self.up_at
+                    else "(down under 0.40)"
+                    if s < self.down_at
+                    else "(hold)"
+                )
+            )
             pools = view.spec.pools(role)
             ups = [(t, n) for t, n in self.ups.get(role, []) if t > view.now - self.up_period_s]
             self.ups[role] = ups
@@ -347,6 +373,7 @@ class LlmdSLO:
                         out[key] = shrunk
                         self.last_down[role] = view.now
                         break
+        self.reason = "; ".join(words)
         return out
 
 
