@@ -220,6 +220,14 @@ def _capacity(
     )
 
 
+def _loading(pools: list[_Pool], now: float) -> bool:
+    """Replicas of the last scale-up are placed but not Ready, before their expected ready time."""
+    return any(
+        p.memory.ready_by is not None and now < p.memory.ready_by and p.seen.ready < p.placeable
+        for p in pools
+    )
+
+
 def _arriving_capacity(
     spec: PDDeploymentSpec, load: RoleLoad, pools: list[_Pool], now: float
 ) -> RoleLoad:
@@ -231,11 +239,7 @@ def _arriving_capacity(
     """
     window = spec.slo.window_seconds
     arrived = any(p.window_ready(now, window)[0] < p.seen.ready for p in pools)
-    loading = any(
-        p.memory.ready_by is not None and now < p.memory.ready_by and p.seen.ready < p.placeable
-        for p in pools
-    )
-    if not (arrived or loading):
+    if not (arrived or _loading(pools, now)):
         return load
     return replace(load, queue_drained=arrived, capacity_arriving=True)
 
@@ -283,10 +287,7 @@ def _futility(
 
 def _warm_up_gate(pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float) -> bool:
     """True while replicas of an earlier scale-up are still loading and the breach is not worse."""
-    warming = any(
-        p.memory.ready_by is not None and now < p.memory.ready_by and p.seen.ready < p.placeable
-        for p in pools
-    )
+    warming = _loading(pools, now)
     pairs = (
         (load.latency_ratio, memory.latency_ratio_at_scale_up),
         (load.demand_tokens_per_second, memory.demand_at_scale_up),
