@@ -87,6 +87,23 @@ def test_a_window_past_the_trace_end_says_where_the_trace_ends(
     assert "no request in the window --start 99999; the trace's last arrival is at 3,537 s" in err
 
 
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_an_empty_or_malformed_trace_is_refused_with_its_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    status, out, err = run([command, "--trace", str(empty)], capsys)
+    assert (status, out) == (2, "")
+    assert f"--trace {empty}: the trace holds no request" in err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"timestamp": 0, "output_length": 5}\n')
+    status, out, err = run([command, "--trace", str(broken)], capsys)
+    assert (status, out) == (2, "")
+    assert f"{broken}, line 1: no input_length" in err
+    assert "Traceback" not in err
+
+
 def test_every_policy_name_is_checked_before_any_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

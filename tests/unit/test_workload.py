@@ -230,8 +230,13 @@ def test_azure_reader_takes_the_2024_traces_zoned_timestamps(tmp_path: Path):
         (
             "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,1\n"
             "2023-11-16 18:17:04,ten,1\n",
-            "line 3: invalid literal for int",
+            "line 3: ContextTokens 'ten' is not a whole number",
         ),
+        (
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,-10,1\n",
+            "line 2: ContextTokens '-10' is not a whole number of at least 0",
+        ),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10\n", "no GeneratedTokens"),
         ("TIMESTAMP,Context,Generated\n2023-11-16 18:17:03,10,1\n", "no ContextTokens, Generated"),
     ],
 )
@@ -242,6 +247,34 @@ def test_a_malformed_azure_trace_names_the_line_or_column_to_fix(
     path.write_text(text)
     with pytest.raises(ValueError, match=re.escape(message)):
         list(read_azure(path))
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"timestamp": 0, "input_length": ', "not JSON (Expecting value, column 33)"),
+        ('{"timestamp": 0, "output_length": 5}', "no input_length; a record holds"),
+        ("[0, 10, 5]", "want a JSON object with timestamp (ms), input_length"),
+        ('{"timestamp": "0", "input_length": 1, "output_length": 1}', "timestamp '0' is not"),
+        ('{"timestamp": 0, "input_length": -3, "output_length": 1}', "input_length -3 is not"),
+        ('{"timestamp": 0, "input_length": 1.5, "output_length": 1}', "input_length 1.5 is not"),
+        ('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": 7}', "hash_ids is"),
+    ],
+)
+def test_a_malformed_mooncake_trace_names_the_line_and_field_to_fix(
+    tmp_path: Path, line: str, message: str
+):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n' + line + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}, line 2: {message}")):
+        list(read_mooncake(path))
+
+
+def test_a_mooncake_record_of_zero_tokens_reads_as_one(tmp_path: Path):
+    path = tmp_path / "zero.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 0, "output_length": 0}\n')
+    [request] = list(read_mooncake(path))
+    assert (request.input_tokens, request.output_tokens, request.hash_ids) == (1, 1, ())
 
 
 def write_servegen(path: Path, rows: list[tuple[int, float, str, str]]) -> Path:
@@ -285,6 +318,35 @@ def test_servegen_compression_keeps_the_requests_and_shortens_the_time(tmp_path:
     assert requests[-1].arrival_s < 15
     assert len(requests) == pytest.approx(300 * 1 + 600 * 3, rel=0.12)
     assert requests == list(read_servegen(path, options))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("window_start_s,total_rate_rps\n0,1\n", "no mean_input_tokens, mean_output_tokens column"),
+        (
+            "window_start_s,total_rate_rps,mean_input_tokens,mean_output_tokens\n0,1,5,5\n"
+            "600,-2,5,5\n",
+            "line 3: total_rate_rps -2 is negative",
+        ),
+        (
+            "window_start_s,total_rate_rps,mean_input_tokens,mean_output_tokens\nsoon,1,5,5\n",
+            "line 2: window_start_s is not a number",
+        ),
+        (
+            "window_start_s,total_rate_rps,mean_input_tokens,mean_output_tokens\n600,1,5,5\n"
+            "0,1,5,5\n",
+            "line 3: windows are not sorted by time at 0 s",
+        ),
+    ],
+)
+def test_a_malformed_servegen_trace_names_the_line_or_column_to_fix(
+    tmp_path: Path, text: str, message: str
+):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        list(read_servegen(path))
 
 
 # --- the real traces --------------------------------------------------------------------------

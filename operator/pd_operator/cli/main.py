@@ -254,7 +254,9 @@ def _trace_requests(args: argparse.Namespace, warmup_s: float = 0.0) -> list["Re
         requests = load_trace(args.trace, options.with_warmup(warmup_s))
         if not requests:
             whole = load_trace(args.trace)
-            span = f"{whole[-1].arrival_s:,.0f} s" if whole else "no request at all"
+            if not whole:
+                raise ValueError("the trace holds no request")
+            span = f"{whole[-1].arrival_s:,.0f} s"
             window = f"[{args.start:g}, {args.start + args.duration:g})" if args.duration else ""
             raise ValueError(
                 f"no request in the window --start {args.start:g}"

@@ -302,18 +302,59 @@ def _replay(rows: Iterable[_Row], options: ReplayOptions) -> Iterator[Request]:
         yield from emit(previous, previous.trace_s)
 
 
+MOONCAKE_FIELDS = "timestamp (ms), input_length, output_length and optionally hash_ids"
+
+
+def _token_count(value: object, name: str) -> int:
+    """A token count from a trace: a whole number of at least 0; 0 reads as 1 (a request holds
+    at least one prompt token and yields at least one output token)."""
+    if value is None:
+        raise ValueError(f"no {name}")
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{name} {value!r} is not a whole number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{name} {value!r} is not a whole number") from None
+    if not number.is_integer() or number < 0:
+        raise ValueError(f"{name} {value!r} is not a whole number of at least 0")
+    return max(1, int(number))
+
+
+def _mooncake_row(record: object) -> _Row:
+    if not isinstance(record, dict):
+        raise ValueError(f"want a JSON object with {MOONCAKE_FIELDS}")
+    missing = [k for k in ("timestamp", "input_length", "output_length") if k not in record]
+    if missing:
+        raise ValueError(f"no {', '.join(missing)}; a record holds {MOONCAKE_FIELDS}")
+    stamp = record["timestamp"]
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not math.isfinite(stamp):
+        raise ValueError(f"timestamp {stamp!r} is not a number of milliseconds")
+    ids = record.get("hash_ids", [])
+    if not isinstance(ids, list) or not all(type(i) is int for i in ids):  # not bool either
+        raise ValueError("hash_ids is not a list of whole numbers")
+    return _Row(
+        stamp / 1000.0,
+        _token_count(record["input_length"], "input_length"),
+        _token_count(record["output_length"], "output_length"),
+        tuple(ids),
+    )
+
+
 def _mooncake_rows(path: Path) -> Iterator[_Row]:
     with path.open() as lines:
-        for line in lines:
-            if not line.strip():
+        for number, line in enumerate(lines, start=1):
+            text = line.strip()
+            if not text:
                 continue
-            record = json.loads(line)
-            yield _Row(
-                record["timestamp"] / 1000.0,
-                max(1, int(record["input_length"])),
-                max(1, int(record["output_length"])),
-                tuple(record.get("hash_ids", ())),
-            )
+            try:
+                yield _mooncake_row(json.loads(text))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}, line {number}: not JSON ({error.msg}, column {error.colno})"
+                ) from None
+            except ValueError as error:
+                raise ValueError(f"{path}, line {number}: {error}") from None
 
 
 def read_mooncake(path: str | Path, options: ReplayOptions = ReplayOptions()) -> Iterator[Request]:
@@ -355,19 +396,28 @@ def _azure_rows(path: Path) -> Iterator[_Row]:
         for line, record in enumerate(reader, start=2):
             try:
                 day, seconds = _wall_clock_s(record["TIMESTAMP"])
-                prompt, output = int(record["ContextTokens"]), int(record["GeneratedTokens"])
+                prompt = _token_count(record["ContextTokens"], "ContextTokens")
+                output = _token_count(record["GeneratedTokens"], "GeneratedTokens")
             except (TypeError, ValueError) as error:
                 raise ValueError(f"{path}, line {line}: {error}") from None
             if first is None:
                 first = (day, seconds)
             # Relative to the first row; subtracting days first keeps sub-microsecond precision.
             trace_s = (day - first[0]) * 86400 + (seconds - first[1])
-            yield _Row(trace_s, max(1, prompt), max(1, output))
+            yield _Row(trace_s, prompt, output)
 
 
 def read_azure(path: str | Path, options: ReplayOptions = ReplayOptions()) -> Iterator[Request]:
     """Azure LLM inference CSV: `TIMESTAMP` (wall clock), `ContextTokens`, `GeneratedTokens`."""
     return _replay(_azure_rows(Path(path)), options)
+
+
+SERVEGEN_COLUMNS = (
+    "window_start_s",
+    "total_rate_rps",
+    "mean_input_tokens",
+    "mean_output_tokens",
+)
 
 
 def _float_or_nan(text: str | None) -> float:
@@ -380,19 +430,29 @@ def _float_or_nan(text: str | None) -> float:
 def _servegen_windows(path: Path) -> Iterator[tuple[float, float, float, float, float]]:
     """(start, length, rate, mean input, mean output) per window; the last repeats the length."""
     with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in SERVEGEN_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path}: no {', '.join(missing)} column; want {SERVEGEN_COLUMNS}")
         previous: tuple[float, float, float, float] | None = None
         length = 600.0
-        for record in csv.DictReader(handle):
+        for line, record in enumerate(reader, start=2):
             row = (
                 _float_or_nan(record["window_start_s"]),
                 _float_or_nan(record["total_rate_rps"]),
                 _float_or_nan(record["mean_input_tokens"]),
                 _float_or_nan(record["mean_output_tokens"]),
             )
+            if not math.isfinite(row[0]):
+                raise ValueError(f"{path}, line {line}: window_start_s is not a number")
+            if row[1] < 0:
+                raise ValueError(f"{path}, line {line}: total_rate_rps {row[1]:g} is negative")
             if previous is not None:
                 length = row[0] - previous[0]
                 if not length > 0:
-                    raise ValueError(f"windows are not sorted by time at {row[0]} s")
+                    raise ValueError(
+                        f"{path}, line {line}: windows are not sorted by time at {row[0]:g} s"
+                    )
                 yield previous[0], length, previous[1], previous[2], previous[3]
             previous = row
         if previous is not None:
