@@ -21,6 +21,7 @@ from pd_operator.core.planner import (
     deployment_document,
     evaluate,
     max_rate,
+    no_plan_reason,
     plan,
 )
 from pd_operator.sim.baselines import StaticPeak
@@ -101,8 +102,31 @@ def test_scarce_cards_lead_to_a_mixed_vendor_pool() -> None:
     assert result.cards("prefill") > 16
 
 
-def test_infeasible_slo_gives_no_plan() -> None:
-    assert plan(LONG, Target(ttft_ms=1000, itl_ms=30), GLM_45_FP8, [S5000, H200]) is None
+def test_infeasible_slo_gives_no_plan_and_says_which_target_to_change() -> None:
+    target = Target(ttft_ms=1000, itl_ms=30)
+    assert plan(LONG, target, GLM_45_FP8, [S5000, H200]) is None
+    reason = no_plan_reason(LONG, target, GLM_45_FP8, [S5000, H200])
+    assert reason.startswith("no prompt meets the TTFT target of 1000 ms even alone")
+    assert "raise --ttft-ms" in reason
+    feasible = no_plan_reason(LONG, LONG_SLO, GLM_45_FP8, [S5000, H200])
+    assert feasible == ""
+
+
+def test_no_plan_names_the_role_short_of_cards_and_its_largest_pool() -> None:
+    # Decode takes the first H200 replica's cards; what is left cannot prefill the load.
+    work = Workload(rate_rps=0.3, input_tokens=131_072, output_tokens=1000)
+    for cards, says in ((8, "h200: no cards left"), (16, "h200 x1: cannot keep up")):
+        scarce = Candidate(H200_SXM, max_cards=cards)
+        assert plan(work, LONG_SLO, GLM_45_FP8, [scarce]) is None
+        reason = no_plan_reason(work, LONG_SLO, GLM_45_FP8, [scarce])
+        assert reason.startswith("no prefill pool meets the TTFT target of 60000 ms")
+        assert says in reason
+    # Far more load than 256 replicas of decode hold: decode is named, with each candidate.
+    flood = Workload(rate_rps=1e6, input_tokens=1000, output_tokens=1000)
+    reason = no_plan_reason(flood, Target(6000, 20), GLM_45_FP8, [S5000, H200])
+    assert reason.startswith("no decode pool meets the ITL target of 20 ms even at its largest")
+    assert "mtt-s5000 x256: cannot keep up" in reason
+    assert "h200 x256: cannot keep up" in reason
 
 
 def test_cost_revenue_and_payback_follow_the_prices() -> None:
@@ -160,7 +184,8 @@ def test_pdctl_plan_prints_a_deployable_yaml(capsys: pytest.CaptureFixture[str])
 def test_pdctl_plan_reports_an_infeasible_slo(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", "--rate", "1", "--input-tokens", "131072", "--ttft-ms", "500"]
     assert main(argv) == 1
-    assert "no candidate mix" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pdctl plan: no candidate mix meets the SLO: no prompt meets the TTFT target" in err
 
 
 def test_long_context_machine_throughput_gap_is_recorded() -> None:

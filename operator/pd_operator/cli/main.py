@@ -399,6 +399,7 @@ def _plan(args: argparse.Namespace) -> int:
         Target,
         TokenPrices,
         deployment_document,
+        no_plan_reason,
         parse_candidate,
         plan,
         plan_table,
@@ -415,15 +416,11 @@ def _plan(args: argparse.Namespace) -> int:
         output_per_million=args.output_price,
         blended_per_million=args.blended_price if args.blended_price > 0 else None,
     )
-    result = plan(
-        _workload_from(args),
-        Target(args.ttft_ms, args.itl_ms, args.share),
-        model,
-        candidates,
-        prices=prices,
-    )
+    workload, target = _workload_from(args), Target(args.ttft_ms, args.itl_ms, args.share)
+    result = plan(workload, target, model, candidates, prices=prices)
     if result is None:
-        print("pdctl: no candidate mix meets the SLO", file=sys.stderr)
+        reason = no_plan_reason(workload, target, model, candidates)
+        print(f"pdctl plan: no candidate mix meets the SLO: {reason}", file=sys.stderr)
         return 1
     if args.format == "yaml":
         document = deployment_document(result, name=args.name, model_name=args.model_name)

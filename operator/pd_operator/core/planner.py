@@ -420,10 +420,42 @@ def plan(
     prices: TokenPrices = TokenPrices(),
     link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
 ) -> Plan | None:
-    """The cheapest feasible plan, or None when no candidate mix meets the SLO."""
+    """The cheapest feasible plan, or None when no candidate mix meets the SLO
+    (`no_plan_reason` says why)."""
+    found = _search(
+        workload,
+        target,
+        model,
+        candidates,
+        prices=prices,
+        link_bytes_per_second=link_bytes_per_second,
+    )
+    return found if isinstance(found, Plan) else None
+
+
+@dataclass(frozen=True)
+class _Shortfall:
+    """Why the search found no plan: the role no mix serves ("prompts": none is served in time
+    even alone), with the cards each capped type had left for it."""
+
+    role: str
+    stats: dict[Candidate, "PrefillStats"]
+    cards_left: dict[str, int]
+
+
+def _search(
+    workload: Workload,
+    target: Target,
+    model: ModelProfile,
+    candidates: Sequence[Candidate],
+    *,
+    prices: TokenPrices,
+    link_bytes_per_second: float,
+) -> "Plan | _Shortfall":
     stats, infeasible = _prefill_stats(workload, target, model, candidates, link_bytes_per_second)
+    cards_left = {c.hardware.name: c.max_cards for c in candidates if c.max_cards is not None}
     if infeasible >= 1 - 1e-12:
-        return None  # no request is served in time even by an idle replica
+        return _Shortfall("prompts", stats, cards_left)  # none served in time even alone
 
     def prefill_ok(option: Sequence[Candidate], counts: Sequence[int]) -> float | None:
         ttft = predicted_ttft_s([stats[c] for c in option], counts, workload.rate_rps, target.share)
@@ -435,17 +467,16 @@ def plan(
         return itl if itl <= target.itl_ms else None
 
     # Decode first: it is usually the scarcer pool on shared card types.
-    cards_left = {c.hardware.name: c.max_cards for c in candidates if c.max_cards is not None}
     decode = _cheapest("decode", candidates, decode_ok, dict(cards_left))
     if decode is None:
-        return None
+        return _Shortfall("decode", stats, cards_left)
     for pool in decode[0]:
         name = pool.candidate.hardware.name
         if name in cards_left:
             cards_left[name] -= pool.cards
     prefill = _cheapest("prefill", candidates, prefill_ok, cards_left)
     if prefill is None:
-        return None
+        return _Shortfall("prefill", stats, cards_left)
     return Plan(
         workload=workload,
         target=target,
@@ -468,20 +499,97 @@ def _prefill_stats(
     even idle (left out of the tail)."""
     classes = workload.classes()
     transfer = [kv_transfer_seconds(round(i), model, link_bytes_per_second) for i, _, _ in classes]
-    fastest = [math.inf] * len(classes)
-    for candidate in candidates:
-        coefficients = PrefillCoefficients.from_profiles(
-            candidate.hardware, model, candidate.cards_per_replica
-        )
-        for k, (i, _, _) in enumerate(classes):
-            prompt = max(1, round(i))
-            cached = min(prompt - 1, math.floor(prompt * workload.cache_hit_rate))
-            alone = coefficients.batch_ms([prompt], [cached]) / 1000  # a batch of its own
-            fastest[k] = min(fastest[k], alone + transfer[k])
+    fastest = _fastest_alone(workload, model, candidates, transfer)
     served = [t * 1000 <= target.ttft_ms for t in fastest]
     infeasible = sum(w for (_, _, w), ok in zip(classes, served, strict=True) if not ok)
     stats = {c: PrefillStats.of(c, model, workload, transfer, served) for c in candidates}
     return stats, infeasible
+
+
+def _fastest_alone(
+    workload: Workload,
+    model: ModelProfile,
+    candidates: Sequence[Candidate],
+    transfer_s: Sequence[float],
+) -> list[float]:
+    """Per length class, the TTFT (s) of its prompt alone on the fastest idle candidate."""
+    fastest = [math.inf] * len(transfer_s)
+    for candidate in candidates:
+        coefficients = PrefillCoefficients.from_profiles(
+            candidate.hardware, model, candidate.cards_per_replica
+        )
+        for k, (i, _, _) in enumerate(workload.classes()):
+            prompt = max(1, round(i))
+            cached = min(prompt - 1, math.floor(prompt * workload.cache_hit_rate))
+            alone = coefficients.batch_ms([prompt], [cached]) / 1000  # a batch of its own
+            fastest[k] = min(fastest[k], alone + transfer_s[k])
+    return fastest
+
+
+def no_plan_reason(
+    workload: Workload,
+    target: Target,
+    model: ModelProfile,
+    candidates: Sequence[Candidate],
+    *,
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
+) -> str:
+    """Why `plan` finds nothing, in words a user can act on: the role no mix serves, and what
+    each candidate's largest pool would give it ("" when there is a plan)."""
+    found = _search(
+        workload,
+        target,
+        model,
+        candidates,
+        prices=TokenPrices(),
+        link_bytes_per_second=link_bytes_per_second,
+    )
+    if isinstance(found, Plan):
+        return ""
+    if found.role == "prompts":
+        transfer = [
+            kv_transfer_seconds(round(i), model, link_bytes_per_second)
+            for i, _, _ in workload.classes()
+        ]
+        shortest = min(_fastest_alone(workload, model, candidates, transfer)) * 1000
+        return (
+            f"no prompt meets the TTFT target of {target.ttft_ms:g} ms even alone on an idle "
+            f"replica (the shortest takes {shortest:,.0f} ms on the fastest candidate): raise "
+            "--ttft-ms or add a faster candidate"
+        )
+    limits = {
+        c: min(MAX_REPLICAS, found.cards_left.get(c.hardware.name, 10**9) // c.cards_per_replica)
+        for c in candidates
+    }
+    if found.role == "decode":
+        itl = {c: decode_itl_at([c], [limits[c]], model, workload) for c in candidates}
+        return _largest_pools("decode", "ITL", target.itl_ms, itl, limits)
+    ttft = {
+        c: predicted_ttft_s([found.stats[c]], [limits[c]], workload.rate_rps, target.share) * 1000
+        for c in candidates
+    }
+    return _largest_pools("prefill", "TTFT", target.ttft_ms, ttft, limits)
+
+
+def _largest_pools(
+    role: str,
+    latency: str,
+    target_ms: float,
+    predicted: Mapping[Candidate, float],
+    limits: Mapping[Candidate, int],
+) -> str:
+    def said(c: Candidate) -> str:
+        value, at = predicted[c], f"{c.hardware.name} x{limits[c]}"
+        if limits[c] < 1:
+            return f"{c.hardware.name}: no cards left"
+        return f"{at}: {value:,.0f} ms" if math.isfinite(value) else f"{at}: cannot keep up"
+
+    shown = "; ".join(said(c) for c in sorted(predicted, key=lambda c: predicted[c]))
+    flag = "--itl-ms" if latency == "ITL" else "--ttft-ms"
+    return (
+        f"no {role} pool meets the {latency} target of {target_ms:g} ms even at its largest "
+        f"({shown}): lower --rate, raise {flag}, or allow more cards (:max=, :cards=)"
+    )
 
 
 def evaluate(
