@@ -170,14 +170,27 @@ def main() -> int:
             parser.error(f"argument traces: no file {path}")
     paths = args.traces or sorted(p for p in TRACES.iterdir() if p.suffix in (".csv", ".jsonl"))
     spec = parse_pddeployment(example_document(percentile=args.percentile)).spec
-    rows = []
-    verdicts = []
-    windows = []
+    # Every trace is read before any run: a malformed or empty one fails in seconds, not after
+    # the runs before it.
+    loaded = []
     for path in paths:
         options = _options(
             path, args.start, args.duration, args.servegen_rps, args.rate_scale, seed=args.seed
         )
-        requests = load_trace(path, options.with_warmup(args.warmup))
+        try:
+            requests = load_trace(path, options.with_warmup(args.warmup))
+        except (OSError, ValueError) as error:
+            parser.error(f"argument traces: {error}")
+        if not requests:
+            parser.error(
+                f"argument traces: {path} holds no request in the window from --start"
+                f" {args.start:g} s (of --duration {args.duration:g} s)"
+            )
+        loaded.append((path, options, requests))
+    rows = []
+    verdicts = []
+    windows = []
+    for path, options, requests in loaded:
         measured = options.measured_start_s(args.warmup) / options.time_compression
         window = f"[{measured:.0f}, {measured + args.duration:.0f}) s"
         last = measured - args.warmup + (requests[-1].arrival_s if requests else 0.0)
