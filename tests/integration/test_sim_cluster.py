@@ -284,9 +284,15 @@ def test_load_specs_give_the_requests_they_name(tmp_path: Path):
     ]
     assert [r.output_tokens for r in parse_load(f"trace:{azure}", LENGTHS)] == [44, 109]
 
-    for bad in ("constant", "constant:fast", "step:1,2", "ramp:1:10", "poisson:3", "trace:/no"):
+    for bad in ("constant", "constant:fast", "step:1,2", "ramp:1:10", "poisson:3"):
         with pytest.raises(ValueError, match="constant:RATE"):
             parse_load(bad, LENGTHS)
+    # A trace is read through before the run starts: its problem is named, not the load forms.
+    with pytest.raises(ValueError, match=r"^/no: No such file"):
+        parse_load("trace:/no", LENGTHS)
+    mooncake.write_text(mooncake.read_text() + '{"timestamp": 3000, "output_length": 5}\n')
+    with pytest.raises(ValueError, match="line 3: no input_length"):
+        parse_load(f"trace:{mooncake}", LENGTHS)
     assert parse_target("ns/glm") == ("ns", "glm")
     with pytest.raises(ValueError):
         parse_target("glm")

@@ -95,7 +95,12 @@ def test_an_empty_or_malformed_trace_is_refused_with_its_line(
     empty.write_text("\n")
     status, out, err = run([command, "--trace", str(empty)], capsys)
     assert (status, out) == (2, "")
-    assert f"--trace {empty}: the trace holds no request" in err
+    assert f"--trace {empty}: {empty}: the file is empty" in err
+    gaps = tmp_path / "gaps.csv"  # ServeGen windows that are all collection gaps
+    gaps.write_text("window_start_s,total_rate_rps,mean_input_tokens,mean_output_tokens\n0,0,,\n")
+    status, out, err = run([command, "--trace", str(gaps)], capsys)
+    assert (status, out) == (2, "")
+    assert f"--trace {gaps}: the trace holds no request" in err
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"timestamp": 0, "output_length": 5}\n')
     status, out, err = run([command, "--trace", str(broken)], capsys)
@@ -144,6 +149,11 @@ SIM_CLUSTER = ["sim", "cluster", "--profile", "p.yaml", "--load", "constant:1", 
             ],
             "pdctl sim cluster: --profile /no/such.yaml: No such file or directory",
         ),
+        (
+            [*SIM_CLUSTER[:5], "trace:/no/trace.jsonl", *SIM_CLUSTER[6:]],
+            "pdctl sim cluster: --load: /no/trace.jsonl: No such file or directory",
+        ),
+        (["run", "--kubeconfig", "/no/kubeconfig"], "pdctl run: --kubeconfig: /no/kubeconfig: no"),
     ],
 )
 def test_the_other_commands_refuse_numbers_they_cannot_use(
@@ -152,3 +162,22 @@ def test_the_other_commands_refuse_numbers_they_cannot_use(
     status, out, err = run(argv, capsys)
     assert (status, out) == (2, "")
     assert says in err
+
+
+def test_a_broken_profile_or_kubeconfig_is_named_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text("name: p\nnodes: 5\n")
+    argv = ["sim", "cluster", "--profile", str(profile), "--load", "constant:1", "--target", "a/b"]
+    status, out, err = run(argv, capsys)
+    assert (status, out) == (2, "")
+    assert f"--profile {profile}: nodeGroups: Field required; nodes: Extra inputs" in err
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("clusters: [\n")
+    status, out, err = run(["run", "--kubeconfig", str(kubeconfig)], capsys)
+    assert (status, out) == (2, "")
+    assert err.strip() == (
+        f"pdctl run: --kubeconfig: {kubeconfig}: not YAML: line 2, column 1: expected the node"
+        " content, but found '<stream end>'"
+    )

@@ -2,10 +2,10 @@
 
 import copy
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.observe import summarize_node
@@ -140,9 +140,23 @@ def test_nodes_pods_and_services_get_disjoint_addresses_that_nothing_dials():
     ],
 )  # fmt: skip
 def test_invalid_profiles_are_rejected_naming_the_problem(case, document, complaint):
-    with pytest.raises(ValidationError) as raised:
+    with pytest.raises(ValueError) as raised:
         parse_profile(document)
     assert complaint in str(raised.value), case
+
+
+def test_a_bad_profile_file_is_one_line_per_field_or_the_yaml_position(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: test\nnodeGroups:\n  - name: s5000\n    count: -1\n    gpus: 8\n")
+    with pytest.raises(ValueError) as raised:
+        load_profile(bad)
+    said = str(raised.value)
+    assert "nodeGroups[0].count: Input should be greater than or equal to 0" in said
+    assert "nodeGroups[0].gpus: Extra inputs are not permitted (got 8)" in said
+    assert "errors.pydantic.dev" not in said and "\n" not in said
+    bad.write_text("name: test\nnodeGroups: [\n")
+    with pytest.raises(ValueError, match=r"^not YAML: line 3, column 1: expected the node content"):
+        load_profile(bad)
 
 
 def test_prefixes_that_only_share_a_beginning_are_fine():

@@ -19,6 +19,7 @@ from pd_operator.sim.workload import (
     read_azure,
     read_mooncake,
     read_servegen,
+    read_trace,
     step_rate,
     synthetic_requests,
 )
@@ -268,6 +269,28 @@ def test_a_malformed_mooncake_trace_names_the_line_and_field_to_fix(
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n' + line + "\n")
     with pytest.raises(ValueError, match=re.escape(f"{path}, line 2: {message}")):
         list(read_mooncake(path))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("\n\n", "the file is empty"),
+        ("time,prompt,answer\n1,2,3\n", "not a trace this reads: want Mooncake JSONL"),
+    ],
+)
+def test_read_trace_names_a_file_of_no_known_format(tmp_path: Path, text: str, message: str):
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: {message}")):
+        read_trace(path)
+
+
+def test_read_trace_tells_the_formats_apart_by_content(tmp_path: Path):
+    mooncake = write_mooncake(tmp_path / "m.txt", MOONCAKE_ROWS)  # no .jsonl suffix needed
+    assert [r.input_tokens for r in read_trace(mooncake)] == [1000, 600, 1200, 100]
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,10,2\n")
+    assert [(r.input_tokens, r.output_tokens) for r in read_trace(azure)] == [(10, 2)]
 
 
 def test_a_mooncake_record_of_zero_tokens_reads_as_one(tmp_path: Path):

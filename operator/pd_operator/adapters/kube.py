@@ -8,13 +8,16 @@ import datetime
 import json
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from pd_operator.adapters import metrics
 from pd_operator.api import GROUP, PLURAL, VERSION
+from pd_operator.api.document import yaml_problem
 
 FIELD_MANAGER = "pd-operator"
 
@@ -28,16 +31,34 @@ PLURALS = {
 
 
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """An API client from a kubeconfig, the in-cluster service account, or ~/.kube/config."""
+    """An API client from a kubeconfig, the in-cluster service account, or ~/.kube/config.
+
+    ValueError says which was tried and what is wrong (a missing or broken kubeconfig).
+    """
     if kubeconfig:
-        api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        if not Path(kubeconfig).is_file():
+            raise ValueError(f"{kubeconfig}: no such file")
+        try:
+            api: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        except config.ConfigException as error:
+            raise ValueError(f"{kubeconfig}: {error}") from None
+        except yaml.YAMLError as error:
+            raise ValueError(f"{kubeconfig}: {yaml_problem(error)}") from None
         return api
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
         return client.ApiClient()
     except config.ConfigException:
+        pass
+    try:
         api = config.new_client_from_config()  # type: ignore[no-untyped-call]
-        return api
+    except (config.ConfigException, yaml.YAMLError) as error:
+        problem = yaml_problem(error) if isinstance(error, yaml.YAMLError) else error
+        raise ValueError(
+            f"not in a cluster, and no usable kubeconfig ({problem}): pass --kubeconfig PATH"
+            " or set KUBECONFIG"
+        ) from None
+    return api
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str = "") -> str:

@@ -1,8 +1,10 @@
 """The whole PDDeployment object, and readable validation errors."""
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from pd_operator.api.spec import PDDeploymentSpec
@@ -77,6 +79,21 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
             message += f" (got {item['input']!r})"
         lines.append(f"{error_path(loc)}: {message}")
     return lines
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML parse error on one line: where, and what."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    return f"not YAML: {where}{getattr(error, 'problem', None) or error}"
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's document; ValueError (`yaml_problem`) when it does not parse."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(yaml_problem(error)) from None
 
 
 class InvalidSpecError(ValueError):

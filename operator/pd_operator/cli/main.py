@@ -52,9 +52,12 @@ def _run(args: argparse.Namespace) -> int:
         autoscale=not args.no_autoscale,
         count_other_pods=not args.ignore_other_pods,
     )
+    with about("--kubeconfig"):  # before anything listens: a bad config leaves nothing behind
+        api = load_api_client(args.kubeconfig)
     if config.metrics_port:
-        start_http_server(config.metrics_port)
-    state = OperatorState(load_api_client(args.kubeconfig), config)
+        with about(f"--metrics-port {config.metrics_port}"):
+            start_http_server(config.metrics_port)
+    state = OperatorState(api, config)
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     asyncio.run(run_operator(state, liveness_endpoint=liveness))
     return 0
@@ -112,8 +115,10 @@ def _sim_cluster(args: argparse.Namespace) -> int:
     sd_file = None
     if args.prometheus_sd_dir:
         sd_file = Path(args.prometheus_sd_dir) / f"pd-sim-{profile.name}.json"
+    with about("--kubeconfig"):
+        api = load_api_client(args.kubeconfig)
     sim = SimCluster(
-        load_api_client(args.kubeconfig),
+        api,
         profile,
         loads={target: load},
         model=model,
@@ -206,18 +211,13 @@ def _add_sim(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") ->
 
 def _spec_from(path: str | None) -> "PDDeploymentSpec":
     """The `--spec` file's PDDeployment, or the articles' example without one."""
-    import yaml
-
-    from pd_operator.api.document import parse_pddeployment
+    from pd_operator.api.document import parse_pddeployment, read_yaml
     from pd_operator.sim.offline import example_document
 
     if not path:
         return parse_pddeployment(example_document()).spec
     with about(f"--spec {path}"):
-        try:
-            document = yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as error:
-            raise ValueError(f"not YAML: {error}") from None
+        document = read_yaml(path)
         if not isinstance(document, dict):
             raise ValueError("not a PDDeployment document (want a YAML mapping)")
         return parse_pddeployment(document).spec

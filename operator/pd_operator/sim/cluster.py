@@ -17,7 +17,6 @@ advances every engine with the wall clock, `1 / time_scale` simulated seconds pe
 same factor the virtual kubelet applies to model loads.
 """
 
-import csv
 import itertools
 import json
 import logging
@@ -46,9 +45,7 @@ from pd_operator.sim.workload import (
     TokenLengths,
     constant_rate,
     ramp_rate,
-    read_azure,
-    read_mooncake,
-    read_servegen,
+    read_trace,
     step_rate,
     synthetic_requests,
 )
@@ -75,22 +72,6 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
-def read_trace(path: str | Path, replay: ReplayOptions = WHOLE_TRACE) -> Iterator[Request]:
-    """A Mooncake JSONL, Azure CSV or ServeGen aggregate CSV trace, told apart by its first
-    line."""
-    path = Path(path)
-    with path.open(newline="") as handle:
-        first = handle.readline()
-    if first.lstrip().startswith("{"):
-        return read_mooncake(path, replay)
-    header = next(csv.reader([first]), [])
-    if "TIMESTAMP" in header:
-        return read_azure(path, replay)
-    if "window_start_s" in header:
-        return read_servegen(path, replay)
-    raise ValueError(f"{path}: not a Mooncake, Azure or ServeGen trace")
-
-
 def parse_load(
     spec: str,
     lengths: TokenLengths,
@@ -106,9 +87,15 @@ def parse_load(
     selected and compressed by `replay`.
     """
     kind, _, rest = spec.partition(":")
+    if kind == "trace" and rest:
+        # One streaming pass first: a malformed line fails here, not hours into a live run.
+        try:
+            if sum(1 for _ in read_trace(rest, replay)) == 0:
+                raise ValueError(f"{rest}: the trace holds no request")
+        except OSError as error:
+            raise ValueError(f"{rest}: {error.strerror or error}") from None
+        return read_trace(rest, replay)
     try:
-        if kind == "trace" and rest:
-            return read_trace(rest, replay)
         parts = rest.split(":")
         if kind == "constant" and len(parts) in (1, 2):
             (rate,) = _rates(parts[0])

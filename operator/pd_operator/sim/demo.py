@@ -30,13 +30,14 @@ from kubernetes import client
 from pd_operator.adapters.kube import load_api_client
 from pd_operator.handlers.operator import OperatorConfig, OperatorState, run_operator
 from pd_operator.localcluster import LocalCluster, LocalPrometheus
-from pd_operator.sim.cluster import SimCluster, read_trace
+from pd_operator.sim.cluster import SimCluster
 from pd_operator.sim.engine import RequestRecord
 from pd_operator.sim.scheduler import SCHEDULER_NAME
 from pd_operator.sim.workload import (
     ReplayOptions,
     Request,
     TokenLengths,
+    read_trace,
     step_rate,
     synthetic_requests,
 )

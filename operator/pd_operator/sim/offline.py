@@ -52,9 +52,7 @@ from pd_operator.sim.workload import (
     MOONCAKE_BLOCK_TOKENS,
     ReplayOptions,
     Request,
-    read_azure,
-    read_mooncake,
-    read_servegen,
+    read_trace,
 )
 
 POLICY_NAMES = (
@@ -1211,18 +1209,8 @@ def _trim(
 
 
 def load_trace(path: str | Path, options: ReplayOptions | None = None) -> list[Request]:
-    """A trace file in any of the formats `sim.workload` reads, picked by its content."""
-    path = Path(path)
-    options = options or ReplayOptions()
-    if path.suffix == ".jsonl":
-        return list(read_mooncake(path, options))
-    with path.open() as handle:
-        header = handle.readline()
-    if "TIMESTAMP" in header:
-        return list(read_azure(path, options))
-    if "window_start_s" in header:
-        return list(read_servegen(path, options))
-    raise ValueError(f"{path}: not a Mooncake, Azure or ServeGen trace")
+    """A trace file in any of the formats `sim.workload.read_trace` reads, as a list."""
+    return list(read_trace(path, options or ReplayOptions()))
 
 
 def parse_cluster(text: str, prices: Mapping[str, float] | None = None) -> Cluster:

@@ -21,10 +21,18 @@ takes model-load times from it. Documented in docs/mock-scheduler.md.
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
+from pd_operator.api.document import describe_errors, read_yaml
 from pd_operator.api.types import (
     DNS_LABEL_PATTERN,
     WHOLE_NUMBER,
@@ -169,10 +177,14 @@ class ClusterProfile(ProfileModel):
 
 
 def parse_profile(document: Any) -> ClusterProfile:
-    """Validate a parsed YAML/JSON document; pydantic.ValidationError names the bad field."""
-    return ClusterProfile.model_validate(document)
+    """Validate a parsed YAML/JSON document; ValueError names each bad field, one per `;`."""
+    try:
+        return ClusterProfile.model_validate(document)
+    except ValidationError as error:
+        raise ValueError("; ".join(describe_errors(error))) from None
 
 
 def load_profile(path: str | Path) -> ClusterProfile:
     """Read and validate a cluster profile file."""
-    return parse_profile(yaml.safe_load(Path(path).read_text()))
+    document = read_yaml(path)
+    return parse_profile(document)

@@ -493,3 +493,27 @@ def read_servegen(
     """
     rng = random.Random(options.seed)
     return _renewal_arrivals(_servegen_segments(Path(path), options, length_cv), arrival_cv, rng)
+
+
+def read_trace(path: str | Path, options: ReplayOptions = ReplayOptions()) -> Iterator[Request]:
+    """A Mooncake JSONL, Azure CSV or ServeGen aggregate CSV trace, told apart by its first line.
+
+    ValueError names the file when it is empty or none of the three; a malformed record comes
+    out as the iterator reaches it, naming its line.
+    """
+    path = Path(path)
+    with path.open(newline="") as handle:
+        first = next((line for line in handle if line.strip()), "")
+    if not first:
+        raise ValueError(f"{path}: the file is empty")
+    if first.lstrip().startswith("{"):
+        return read_mooncake(path, options)
+    header = next(csv.reader([first]), [])
+    if "TIMESTAMP" in header:
+        return read_azure(path, options)
+    if "window_start_s" in header:
+        return read_servegen(path, options)
+    raise ValueError(
+        f"{path}: not a trace this reads: want Mooncake JSONL (a JSON object per line), an Azure"
+        " CSV (a TIMESTAMP column) or a ServeGen aggregate CSV (a window_start_s column)"
+    )
