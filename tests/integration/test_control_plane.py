@@ -84,6 +84,7 @@ def test_apiserver_defaults_a_minimal_document_like_the_models(api_client, names
     assert stored["spec"]["scaling"]["scaleDown"] == {
         "stabilizationSeconds": 300,
         "maxStepReplicas": 1,
+        "steadyStabilizationSeconds": 60,
     }
 
 

@@ -765,6 +765,73 @@ def test_scale_down_waits_for_the_window_and_moves_one_step_at_a_time():
     assert limit(decisions[0]) == "rate"
 
 
+LONG_WINDOW_ONLY = spec_of(
+    {
+        "scaling.scaleDown": {
+            "stabilizationSeconds": 300,
+            "maxStepReplicas": 1,
+            "steadyStabilizationSeconds": 300,
+        }
+    }
+)
+
+
+def falling_load(
+    spec: PDDeploymentSpec, steps: int, *, wobble: float = 0.0, ratio: float = 0.3
+) -> list[Decision]:
+    """Prefill demand falling 3% a decision from 4,000 tokens/s (1,000 per replica), with
+    `wobble` (every other decision that much above, then below) and latency at `ratio`."""
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    current, now, decisions = 6, T0, []
+    for step in range(steps):
+        demand = 4000.0 * 0.97**step * (1 + (wobble if step % 2 else -wobble))
+        observation = observe(
+            spec,
+            now,
+            {("prefill", "p"): current, ("decode", "d"): 1},
+            prefill={"ratio": ratio, "tokens": demand},
+        )
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        decisions.append(decision)
+        current, state, now = replicas(decision), decision.state, now + INTERVAL
+    return decisions
+
+
+def test_a_steady_load_far_under_the_target_sheds_replicas_after_the_short_window():
+    sizes = {
+        name: [d.role_replicas("prefill") for d in falling_load(spec, 40)]
+        for name, spec in (("steady", SPEC), ("long", LONG_WINDOW_ONLY))
+    }
+    # The short window trails the falling demand by 60 s, the long one by 300 s; neither runs
+    # a replica over its capacity.
+    assert all(a <= b for a, b in zip(sizes["steady"], sizes["long"], strict=True))
+    assert sum(sizes["steady"]) < sum(sizes["long"]) - 10
+    needed = [math.ceil(4000 * 0.97**step / 1000) for step in range(40)]
+    assert all(size >= need for size, need in zip(sizes["steady"], needed, strict=True))
+    assert sizes["steady"][-1] == 2 and sizes["long"][-1] == 3
+    shed = next(d for d in falling_load(SPEC, 40) if d.role_replicas("prefill") < 6)
+    [prefill] = [p for p in shed.pools if p.role == "prefill"]
+    assert "load steady and latency under 0.5x the target for 300s" in prefill.reason
+    assert "the 60s scale-down window" in prefill.reason
+
+
+@pytest.mark.parametrize(
+    ("wobble", "ratio"),
+    [(0.2, 0.3), (0.0, 0.6)],
+    ids=["demand swings 20% between decisions", "latency at 0.6x the target"],
+)
+def test_a_swinging_load_or_one_near_the_target_waits_the_long_window(wobble, ratio):
+    steady = [
+        d.role_replicas("prefill") for d in falling_load(SPEC, 40, wobble=wobble, ratio=ratio)
+    ]
+    long = [
+        d.role_replicas("prefill")
+        for d in falling_load(LONG_WINDOW_ONLY, 40, wobble=wobble, ratio=ratio)
+    ]
+    assert steady == long
+
+
 def test_no_scale_down_when_the_smaller_size_would_breach():
     # 2 x 1000 tokens/s serve 1500: one replica would run at 150%.
     decisions = run(
@@ -1366,6 +1433,7 @@ def test_every_field_of_the_state_is_plain_json():
                 stuck_since=T0,
                 running_mean=24.0,
                 running_square_mean=700.0,
+                recent=((T0, 5e4, 0.4), (T0 + 30, None, None)),
             )
         },
     )
@@ -1378,6 +1446,8 @@ def test_every_field_of_the_state_is_plain_json():
             PolicyState.from_dict({"pools": {"prefill/p": bad}})
     with pytest.raises(ValueError, match="unreadable"):
         PolicyState.from_dict({"roles": {"prefill": {"ready_at_scale_up": "3"}}})
+    with pytest.raises(ValueError, match="unreadable"):
+        PolicyState.from_dict({"roles": {"prefill": {"recent": [[T0, "lots", 0.4]]}}})
 
 
 def test_decide_does_not_touch_its_inputs():

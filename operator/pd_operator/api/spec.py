@@ -291,6 +291,17 @@ class StepPolicy(SpecModel):
     )
 
 
+class ScaleDownPolicy(StepPolicy):
+    """How fast a pool may shrink: after a long window, or a short one while the load is steady."""
+
+    steady_stabilization_seconds: Seconds = Field(
+        60,
+        description="The window instead, in seconds (at most stabilizationSeconds), while the "
+        "role's load has been steady and its latency under half the target for a whole "
+        "stabilizationSeconds. Set it to stabilizationSeconds to always wait the long window.",
+    )
+
+
 class RatioGuardrail(SpecModel):
     """Bounds on prefill replicas as a percentage of decode replicas (4P2D is 200)."""
 
@@ -346,8 +357,10 @@ def _default_scale_up() -> StepPolicy:
     return StepPolicy(stabilization_seconds=0, max_step_replicas=4)
 
 
-def _default_scale_down() -> StepPolicy:
-    return StepPolicy(stabilization_seconds=300, max_step_replicas=1)
+def _default_scale_down() -> ScaleDownPolicy:
+    return ScaleDownPolicy(
+        stabilization_seconds=300, max_step_replicas=1, steady_stabilization_seconds=60
+    )
 
 
 class ScalingSpec(SpecModel):
@@ -365,9 +378,15 @@ class ScalingSpec(SpecModel):
         default_factory=_default_scale_up,
         json_schema_extra={"default": {"stabilizationSeconds": 0, "maxStepReplicas": 4}},
     )
-    scale_down: StepPolicy = Field(
+    scale_down: ScaleDownPolicy = Field(
         default_factory=_default_scale_down,
-        json_schema_extra={"default": {"stabilizationSeconds": 300, "maxStepReplicas": 1}},
+        json_schema_extra={
+            "default": {
+                "stabilizationSeconds": 300,
+                "maxStepReplicas": 1,
+                "steadyStabilizationSeconds": 60,
+            }
+        },
     )
     prefill_to_decode_ratio: RatioGuardrail | None = None
     prometheus: PrometheusSpec | None = Field(

@@ -7,6 +7,8 @@ free capacity (`core.capacity`), and returns the replicas with the reason, what 
 and the policy's new memory. The rules and their reasons are in docs/autoscaling.md.
 """
 
+import itertools
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -70,6 +72,15 @@ RUNNING_EMA_WEIGHT = 0.05
 # whole window and the demand did not grow, is not one that replicas fix: a latency floor above
 # the target (prompts too long for it, a percentile in the tail of a few such requests).
 FUTILE_IMPROVEMENT = 0.1
+# A role's load is steady when, over a whole scale-down window, its latency stayed under this
+# share of the target and its demand moved between decisions by at most STEADY_DEMAND_CHANGE
+# of its mean (root mean square of the changes, over root 2: a random wobble's own spread).
+# Then the short window (`scaleDown.steadyStabilizationSeconds`) applies: a load that has not
+# come near the target nor swung for that long is not about to come back within a model load,
+# and waiting the long window costs a replica it does not need. Bursty loads (a 30 s burst
+# between quiet minutes) and long-prompt tails (a P99 near the target) keep the long window.
+STEADY_LATENCY_RATIO = 0.5
+STEADY_DEMAND_CHANGE = 0.1
 # What limited a pool's recommendation before the windows and steps, in words.
 RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "capacity": "no room on the nodes for more",
@@ -296,6 +307,73 @@ def _warm_up_gate(pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: f
     return warming and not worse
 
 
+Sample = tuple[float, float | None, float | None]
+
+
+def _recent(
+    spec: PDDeploymentSpec, memory: RoleMemory, load: RoleLoad, now: float
+) -> tuple[Sample, ...]:
+    """The role's samples over the last scale-down window, this decision's last (rounded: they
+    are stored in status)."""
+    demand, ratio = load.demand_tokens_per_second, load.latency_ratio
+    sample = (
+        now,
+        None if demand is None else float(f"{demand:.3g}"),
+        None if ratio is None else round(ratio, 3),
+    )
+    start = now - spec.scaling.scale_down.stabilization_seconds
+    return (*(s for s in memory.recent if start <= s[0] < now), sample)
+
+
+def _steady(spec: PDDeploymentSpec, samples: tuple[Sample, ...], now: float) -> bool:
+    """The load was steady and far under the target over a whole scale-down window."""
+    scale_down = spec.scaling.scale_down
+    window = scale_down.stabilization_seconds
+    if scale_down.steady_stabilization_seconds >= window or len(samples) < 2:
+        return False
+    if samples[0][0] > now - window:
+        return False  # not watched for a whole window yet
+    demands = [d for _, d, _ in samples if d is not None]
+    ratios = [r for _, _, r in samples if r is not None]
+    if (
+        len(demands) < len(samples)
+        or len(ratios) < len(samples)
+        or max(ratios) >= (STEADY_LATENCY_RATIO)
+    ):
+        return False
+    mean = sum(demands) / len(demands)
+    changes = [(b - a) ** 2 for a, b in itertools.pairwise(demands)]
+    spread = math.sqrt(sum(changes) / len(changes) / 2)
+    return mean > 0 and spread <= STEADY_DEMAND_CHANGE * mean
+
+
+def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -> int:
+    """The pool's value after the stabilization windows: the short scale-down window while
+    the load is steady (said in the pool's notes where it let the pool shrink sooner)."""
+    scaling = spec.scaling
+    windows = [scaling.scale_down.stabilization_seconds]
+    if steady:
+        windows.append(scaling.scale_down.steady_stabilization_seconds)
+    values = [
+        stabilize(
+            pool.current,
+            pool.raw,
+            runs=pool.memory.recommendations,
+            now=now,
+            up_seconds=scaling.scale_up.stabilization_seconds,
+            down_seconds=down_seconds,
+            since=pool.memory.since,
+        )
+        for down_seconds in windows
+    ]
+    if values[-1] < values[0]:
+        pool.notes.append(
+            f"load steady and latency under {STEADY_LATENCY_RATIO:g}x the target for "
+            f"{windows[0]}s: the {windows[-1]}s scale-down window"
+        )
+    return values[-1]
+
+
 def _decide_role(
     spec: PDDeploymentSpec,
     pools: list[_Pool],
@@ -306,6 +384,7 @@ def _decide_role(
     gates: tuple[bool, LimitedBy | None],
     ledger: FreeCapacity | None,
     memory: RoleMemory,
+    steady: bool,
     now: float,
 ) -> tuple[FreeCapacity | None, LimitedBy | None]:
     """Set every pool's value; return the ledger after it and whether the role fell short."""
@@ -353,19 +432,7 @@ def _decide_role(
         pool.value, pool.limited_by = pool.raw, limits.get(pool.spec.name, "none")
         if pool.limited_by != "none":
             pool.notes.append(RAW_LIMIT_NOTES[pool.limited_by])
-        pool.move(
-            stabilize(
-                pool.current,
-                pool.raw,
-                runs=pool.memory.recommendations,
-                now=now,
-                up_seconds=scaling.scale_up.stabilization_seconds,
-                down_seconds=scaling.scale_down.stabilization_seconds,
-                since=pool.memory.since,
-            ),
-            "rate",
-            "stabilization window",
-        )
+        pool.move(_stabilized(spec, pool, steady, now), "rate", "stabilization window")
         up, down = scaling.scale_up.max_step_replicas, scaling.scale_down.max_step_replicas
         pool.move(step_limit(pool.current, pool.value, up, down), "rate", "step limit")
         if warming and pool.value > pool.current:
@@ -446,6 +513,7 @@ def _remember(
     loads: dict[Role, RoleLoad],
     capacities: dict[Role, RoleCapacity],
     futility: dict[Role, tuple[float | None, bool]],
+    recents: dict[Role, tuple[Sample, ...]],
     now: float,
 ) -> PolicyState:
     keep = max(
@@ -486,6 +554,7 @@ def _remember(
             unavailable_since=_since(old.unavailable_since, now, load.status == "unavailable"),
             stuck_since=_since(old.stuck_since, now, load.nothing_finished),
             **_running_averages(old, load.running_requests if load.status == "active" else None),
+            recent=recents[role],
         )
     return PolicyState(pools=pools, roles=roles)
 
@@ -568,6 +637,7 @@ def decide(
     for role in ROLES:
         for pool in work[role]:
             pool.weight = capacities[role].per_replica[pool.spec.name]
+    recents = {role: _recent(spec, state.role(role), loads[role], now) for role in ROLES}
     decode_short: LimitedBy | None = None
     for role in DECISION_ORDER:
         gates = (
@@ -583,6 +653,7 @@ def decide(
             gates=gates,
             ledger=ledger,
             memory=state.role(role),
+            steady=_steady(spec, recents[role], now),
             now=now,
         )
         grew = any(p.value > p.current for p in work[role])
@@ -590,7 +661,14 @@ def decide(
             decode_short = short  # decode is full: more prefill would only queue KV at it
     ratio_note = _apply_ratio(spec, work, loads, ledger)
     new_state = _remember(
-        spec, state, work, loads=loads, capacities=capacities, futility=futility, now=now
+        spec,
+        state,
+        work,
+        loads=loads,
+        capacities=capacities,
+        futility=futility,
+        recents=recents,
+        now=now,
     )
     words = [_role_words(r, work[r], loads[r], new_state.role(r), now) for r in ROLES]
     details = tuple(

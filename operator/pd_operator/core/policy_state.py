@@ -64,6 +64,9 @@ class RoleMemory:
     # decision: how much the batch swings around its mean (`batch_dispersion`).
     running_mean: float | None = None
     running_square_mean: float | None = None
+    # One (time, demand tokens/s, latency/target) sample per decision over the last scale-down
+    # window, oldest first (None where unreadable): whether the load has been steady.
+    recent: tuple[tuple[float, float | None, float | None], ...] = ()
 
     def batch_dispersion(self) -> float:
         """Variance over mean of the running requests seen (1 for Poisson arrivals; bursty
@@ -166,10 +169,19 @@ def _role_memory(data: Mapping[str, Any]) -> RoleMemory:
     basis = data.get("capacity_basis")
     if basis is not None and basis not in get_args(CapacityBasis):
         raise ValueError(f"unknown capacity basis {basis!r}")
-    known = {f.name for f in fields(RoleMemory)} - {"capacity_basis", "ready_at_scale_up"}
+    known = {f.name for f in fields(RoleMemory)} - {
+        "capacity_basis",
+        "ready_at_scale_up",
+        "recent",
+    }
     ready = data.get("ready_at_scale_up")
+    recent = tuple(
+        (_time(at), _number(demand), _number(ratio))
+        for at, demand, ratio in data.get("recent") or ()
+    )
     return RoleMemory(
         capacity_basis=basis,
         ready_at_scale_up=None if ready is None else _count(ready),
+        recent=recent,
         **{name: _number(data.get(name)) for name in known},
     )
