@@ -814,6 +814,36 @@ def test_a_steady_load_far_under_the_target_sheds_replicas_after_the_short_windo
     [prefill] = [p for p in shed.pools if p.role == "prefill"]
     assert "load steady and latency under 0.5x the target for 300s" in prefill.reason
     assert "the 60s scale-down window" in prefill.reason
+    assert "prefill: p 6->5, load steady: 60s scale-down window (TTFT 0.30x" in shed.reason
+
+
+def test_the_steady_samples_stay_few_however_often_the_policy_decides():
+    # Decisions every 5 s over a 600 s window: about 30 samples kept, not 120, and still read.
+    spec = spec_of(
+        {
+            "scaling.intervalSeconds": 5,
+            "scaling.scaleDown": {
+                "stabilizationSeconds": 600,
+                "maxStepReplicas": 1,
+                "steadyStabilizationSeconds": 60,
+            },
+        }
+    )
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    current, now, reasons = 6, T0, []
+    for step in range(200):
+        observation = observe(
+            spec,
+            now,
+            {("prefill", "p"): current, ("decode", "d"): 1},
+            prefill={"ratio": 0.3, "tokens": 4000.0 * 0.995**step},
+        )
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        reasons.append(decision.reason)
+        current, state, now = replicas(decision), decision.state, now + 5
+        assert len(state.role("prefill").recent) <= 32
+    assert any("p 6->5 limited by rate, load steady: 60s scale-down window" in r for r in reasons)
 
 
 @pytest.mark.parametrize(

@@ -81,6 +81,9 @@ FUTILE_IMPROVEMENT = 0.1
 # between quiet minutes) and long-prompt tails (a P99 near the target) keep the long window.
 STEADY_LATENCY_RATIO = 0.5
 STEADY_DEMAND_CHANGE = 0.1
+# At most about this many samples per window (they are stored in status): with decisions more
+# often than window / STEADY_SAMPLES, the newest sample replaces one taken too recently.
+STEADY_SAMPLES = 30
 # What limited a pool's recommendation before the windows and steps, in words.
 RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "capacity": "no room on the nodes for more",
@@ -106,6 +109,7 @@ class _Pool:
     value: int = 0
     limited_by: LimitedBy = "none"
     notes: list[str] = field(default_factory=list)
+    steady_window: bool = False  # the short scale-down window let it shrink sooner
 
     @property
     def current(self) -> int:
@@ -321,8 +325,11 @@ def _recent(
         None if demand is None else float(f"{demand:.3g}"),
         None if ratio is None else round(ratio, 3),
     )
-    start = now - spec.scaling.scale_down.stabilization_seconds
-    return (*(s for s in memory.recent if start <= s[0] < now), sample)
+    window = spec.scaling.scale_down.stabilization_seconds
+    kept = [s for s in memory.recent if now - window <= s[0] < now]
+    if len(kept) > 1 and kept[-1][0] - kept[-2][0] < window / STEADY_SAMPLES:
+        kept.pop()  # samples at least window / STEADY_SAMPLES apart, and the newest
+    return (*kept, sample)
 
 
 def _steady(spec: PDDeploymentSpec, samples: tuple[Sample, ...], now: float) -> bool:
@@ -367,6 +374,7 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
         for down_seconds in windows
     ]
     if values[-1] < values[0]:
+        pool.steady_window = True
         pool.notes.append(
             f"load steady and latency under {STEADY_LATENCY_RATIO:g}x the target for "
             f"{windows[0]}s: the {windows[-1]}s scale-down window"
@@ -577,8 +585,15 @@ def _since(old: float | None, now: float, still: bool) -> float | None:
 
 
 def _role_words(
-    role: Role, pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float
+    spec: PDDeploymentSpec,
+    role: Role,
+    pools: list[_Pool],
+    load: RoleLoad,
+    *,
+    memory: RoleMemory,
+    now: float,
 ) -> str:
+    window = spec.scaling.scale_down.steady_stabilization_seconds
     since = {"idle": memory.no_traffic_since, "unavailable": memory.unavailable_since}.get(
         load.status
     )
@@ -589,6 +604,8 @@ def _role_words(
     moves = [f"{p.spec.name} {p.current}->{p.value}" for p in pools if p.value != p.current]
     limits = sorted({p.limited_by for p in pools} - {"none"})
     limited = f" limited by {', '.join(limits)}" if limits else ""
+    if any(p.steady_window and p.value < p.current for p in pools):
+        limited += f", load steady: {window}s scale-down window"
     return f"{role}: {', '.join(moves) or 'hold'}{limited} ({note})"
 
 
@@ -670,7 +687,9 @@ def decide(
         recents=recents,
         now=now,
     )
-    words = [_role_words(r, work[r], loads[r], new_state.role(r), now) for r in ROLES]
+    words = [
+        _role_words(spec, r, work[r], loads[r], memory=new_state.role(r), now=now) for r in ROLES
+    ]
     details = tuple(
         PoolDecision(
             role=pool.role,
