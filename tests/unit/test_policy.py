@@ -583,17 +583,19 @@ def test_prefill_runs_replicas_as_hot_as_its_queue_allows_under_the_ttft_target(
     assert (replicas(decision) > 1) is grows
 
 
-def test_a_tail_of_a_few_long_requests_does_not_hold_replicas_the_demand_no_longer_needs():
-    # P99 TTFT twice the target with the mean at a fifth of it: prompts too long for the
-    # target. The demand fits two replicas at 70%, so the third goes after the window. With
-    # the mean near the target too, the breach is the load's: no replica goes.
-    def sizes(mean_ratio: float) -> list[int]:
+def test_a_tail_far_over_the_target_holds_the_size_and_a_small_one_lets_it_shrink():
+    # P99 TTFT over the target with the mean at a fifth of it: a tail of long prompts, or the
+    # queue behind them. The demand fits two replicas at 70%. A tail at 1.2x the target lets
+    # the third go after the window; one at 2x holds it (shedding would add to the queue behind
+    # the long prompts), and neither adds a replica. With the mean near the target too, the
+    # breach is the load's: no replica goes.
+    def sizes(ratio: float, mean_ratio: float) -> list[int]:
         now, state, current = T0, calibrated(P99, {"prefill": 1000.0, "decode": 500.0}), 3
         out = []
         for _ in range(14):
             observation = observe(
                 P99, now, {("prefill", "p"): current, ("decode", "d"): 1},
-                prefill={"ratio": 2.0, "tokens": 1200.0},
+                prefill={"ratio": ratio, "tokens": 1200.0},
             )  # fmt: skip
             prefill = replace(
                 observation.signals["prefill"],
@@ -606,8 +608,9 @@ def test_a_tail_of_a_few_long_requests_does_not_hold_replicas_the_demand_no_long
             out.append(current)
         return out
 
-    assert sizes(0.2)[-1] == 2
-    assert min(sizes(0.8)) >= 3
+    assert sizes(1.2, 0.2)[-1] == 2
+    assert set(sizes(2.0, 0.2)) == {3}
+    assert min(sizes(2.0, 0.8)) >= 3
 
 
 def profiled_capacity(decision: Decision | None, role: Role) -> float:
@@ -1567,6 +1570,9 @@ def reversals(sizes: list[int]) -> int:
     start=st.integers(1, 6),
     error=st.one_of(st.none(), st.floats(0.8, 1.25)),
 )
+# Found in session 9: the probe one replica down breached by 11% with no prompt waiting, which
+# taught nothing (a burst, the rule said), so the probe came back every window.
+@example(load=1848.0, capacity=885.0, start=3, error=None)
 def test_constant_load_settles_without_oscillation(load, capacity, start, error):
     """With a capacity estimate within 25% of the truth: no reversal at all. With none (no
     profile): at most one, the probe that finds the capacity, and then a steady size."""

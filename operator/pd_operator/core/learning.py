@@ -372,13 +372,20 @@ def estimate_capacity(
     served = served_tokens_per_second or 0.0
     # Idle replicas say nothing about capacity, nor does a reading its bucket cannot resolve.
     evidence = None if latency_ratio is None else latency_evidence(latency_ratio, latency_bucket)
-    if role == "prefill" and evidence == "breach" and not saturated and known:
+    if (
+        role == "prefill"
+        and evidence == "breach"
+        and not saturated
+        and known
+        and basis != "lower-bound"
+    ):
         # No queue to speak of: the replicas had (nearly) caught up with all that arrived, so
         # the breach came from a burst inside the window that they absorbed, not from a
         # throughput short of the load. The window's served rate averages the burst with the
         # quiet around it and bounds nothing (a 30 s burst at half the window's mean cut the
         # estimate to 0.4). A role with no estimate yet still takes it as its first: a low one
-        # over-provisions, none would leave the role to feedback alone.
+        # over-provisions, none would leave the role to feedback alone; so does a lower bound
+        # (the breach of a probe one replica down is what ends the probing).
         evidence = None
     ratio = latency_ratio if served > 0 and evidence else None
     if not known:
