@@ -22,7 +22,7 @@ from pd_operator.core.learning import (
     seed_load_seconds,
 )
 from pd_operator.core.observe import NodeSummary
-from pd_operator.core.policy import Decision, Observation, PoolObservation, decide
+from pd_operator.core.policy import Decision, Observation, PoolObservation, _steady, decide
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory
 from pd_operator.core.signals import (
     LATENCY_BUCKETS,
@@ -818,6 +818,20 @@ def test_a_steady_load_far_under_the_target_sheds_replicas_after_the_short_windo
     assert "load steady and latency under 0.5x the target for 300s" in prefill.reason
     assert "the 60s scale-down window" in prefill.reason
     assert "prefill: p 6->5, load steady: 60s scale-down window (TTFT 0.30x" in shed.reason
+
+
+def test_steady_means_a_whole_window_watched_without_gaps_far_under_the_target():
+    window = SPEC.scaling.scale_down.stabilization_seconds
+    now = T0 + window
+    steady = [(T0 + t, 1000.0 + (t % 60) / 10, 0.3) for t in range(0, int(window) + 1, 30)]
+    assert _steady(SPEC, tuple(steady), now)
+    assert not _steady(SPEC, tuple(steady[1:]), now)  # not watched for a whole window
+    # A restart resumes from the memory of the last status write: a gap hides the load.
+    assert not _steady(SPEC, tuple(s for s in steady if not T0 + 60 < s[0] < T0 + 200), now)
+    assert not _steady(SPEC, tuple((t, d, 0.5 if t == now else r) for t, d, r in steady), now)
+    assert not _steady(SPEC, tuple((t, None if t == T0 else d, r) for t, d, r in steady), now)
+    swinging = [(t, d * (1.2 if i % 2 else 0.8), r) for i, (t, d, r) in enumerate(steady)]
+    assert not _steady(SPEC, tuple(swinging), now)
 
 
 def test_the_steady_samples_stay_few_however_often_the_policy_decides():

@@ -34,6 +34,7 @@ from pd_operator.core.control_law import (
     PREFILL_GROW_SHARE,
     PREFILL_SHRINK_SHARE,
     SCALE_DOWN_UTILISATION,
+    STALE_INTERVALS,
     TARGET_UTILISATION,
     RoleLoad,
     backlogged,
@@ -82,7 +83,8 @@ FUTILE_IMPROVEMENT = 0.1
 STEADY_LATENCY_RATIO = 0.5
 STEADY_DEMAND_CHANGE = 0.1
 # At most about this many samples per window (they are stored in status): with decisions more
-# often than window / STEADY_SAMPLES, the newest sample replaces one taken too recently.
+# often than window / STEADY_SAMPLES, a sample that close to the one before it is dropped when
+# the next comes (the newest is always kept).
 STEADY_SAMPLES = 30
 # What limited a pool's recommendation before the windows and steps, in words.
 RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
@@ -340,13 +342,16 @@ def _steady(spec: PDDeploymentSpec, samples: tuple[Sample, ...], now: float) -> 
         return False
     if samples[0][0] > now - window:
         return False  # not watched for a whole window yet
+    # A gap (an operator restart resumes from the memory of its last status write) hides what
+    # the load did in it.
+    spacing = max(float(spec.scaling.interval_seconds), window / STEADY_SAMPLES)
+    if any(b[0] - a[0] > STALE_INTERVALS * spacing for a, b in itertools.pairwise(samples)):
+        return False
     demands = [d for _, d, _ in samples if d is not None]
     ratios = [r for _, _, r in samples if r is not None]
-    if (
-        len(demands) < len(samples)
-        or len(ratios) < len(samples)
-        or max(ratios) >= (STEADY_LATENCY_RATIO)
-    ):
+    if len(demands) < len(samples) or len(ratios) < len(samples):
+        return False
+    if max(ratios) >= STEADY_LATENCY_RATIO:
         return False
     mean = sum(demands) / len(demands)
     changes = [(b - a) ** 2 for a, b in itertools.pairwise(demands)]
