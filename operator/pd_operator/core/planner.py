@@ -514,11 +514,12 @@ def _fastest_alone(
 ) -> list[float]:
     """Per length class, the TTFT (s) of its prompt alone on the fastest idle candidate."""
     fastest = [math.inf] * len(transfer_s)
+    classes = workload.classes()
     for candidate in candidates:
         coefficients = PrefillCoefficients.from_profiles(
             candidate.hardware, model, candidate.cards_per_replica
         )
-        for k, (i, _, _) in enumerate(workload.classes()):
+        for k, (i, _, _) in enumerate(classes):
             prompt = max(1, round(i))
             cached = min(prompt - 1, math.floor(prompt * workload.cache_hit_rate))
             alone = coefficients.batch_ms([prompt], [cached]) / 1000  # a batch of its own
