@@ -40,6 +40,7 @@ from pd_operator.sim.workload import (
     step_rate,
     synthetic_requests,
 )
+from pdcases import ROOT
 from traces import real_trace
 
 
@@ -308,6 +309,25 @@ def test_pdctl_simulate_prints_one_summary_per_policy(capsys: pytest.CaptureFixt
     assert [s["policy"] for s in summaries] == ["hpa", "oracle"]
     assert all(0 <= s["attainment"]["both"] <= 1 for s in summaries)
     assert "hpa: t=" in captured.err  # progress goes to stderr
+
+
+def test_a_shipped_sample_whose_model_has_no_profile_simulates_as_the_model_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The sample serves GLM-4.6, which has no profile: with --model the baselines (which need
+    # a profile) run, and the substitution is said, not silent.
+    sample = ROOT / "config" / "samples" / "homogeneous-h200-2p2d.yaml"
+    argv = ["simulate", "--spec", str(sample), "--model", "glm-4.5-fp8", "--rate", "1"]
+    argv += ["--duration", "60", "--policy", "pd-operator", "--policy", "hpa", "-o", "json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert [s["policy"] for s in json.loads(captured.out)] == ["pd-operator", "hpa"]
+    assert (
+        "spec.model.name 'zai-org/GLM-4.6-FP8' has no model profile; simulated as glm-4.5-fp8"
+        in captured.err
+    )
+    assert main(argv[:3] + argv[5:]) == 2  # without --model: the error says to pass one
+    assert "pass --model, one of" in capsys.readouterr().err
 
 
 def test_pdctl_simulate_explain_lists_each_scale_change_with_its_reason(

@@ -270,6 +270,7 @@ def _simulate(args: argparse.Namespace) -> int:
     import json
 
     from pd_operator.core.hardware import HARDWARE_PROFILES
+    from pd_operator.core.learning import model_profile_for
     from pd_operator.sim.offline import (
         TABLE_COLUMNS,
         Cluster,
@@ -285,6 +286,15 @@ def _simulate(args: argparse.Namespace) -> int:
 
     spec = _spec_from(args.spec)
     model = _model_for(args.model, spec)
+    if model_profile_for(spec.model.name) is None:
+        # The operator seeds its capacity from spec.model.name, and the baselines and the
+        # starting sizes need a profile too: simulate the spec as naming --model, and say so.
+        print(
+            f"pdctl simulate: spec.model.name {spec.model.name!r} has no model profile;"
+            f" simulated as {model.name} (--model), which also seeds the operator's capacity",
+            file=sys.stderr,
+        )
+        spec = spec.model_copy(update={"model": spec.model.model_copy(update={"name": model.name})})
     policies = args.policy or ["pd-operator"]
     for name in policies:  # all checked before any runs: a late typo would waste the others
         with about("--policy"):
