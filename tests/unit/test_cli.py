@@ -109,6 +109,24 @@ def test_an_empty_or_malformed_trace_is_refused_with_its_line(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("cluster", "says"),
+    [
+        ("h200=4", "no node holds a replica of any prefill pool: s5000 (mtt-s5000, 8 cards)"),
+        ("h200=0x8,mtt-s5000=2x8", "no node holds a replica of any decode pool: h200"),
+        ("h200=2x4,mtt-s5000=2x8", "any decode pool: h200 (h200, 8 cards); add nodes, e.g. h200"),
+    ],
+)
+def test_a_cluster_that_cannot_hold_a_role_is_refused_before_the_run(
+    cluster: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--rate", "1", "--duration", "60", "--cluster", cluster]
+    status, out, err = run(argv, capsys)
+    assert (status, out) == (2, "")  # not a run that serves nothing and reports 0.000
+    assert "pdctl simulate: --cluster: no node holds a replica of " in err
+    assert says in err
+
+
 def test_every_policy_name_is_checked_before_any_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from pd_operator.core.hardware import ModelProfile
     from pd_operator.core.planner import Workload
     from pd_operator.sim.cluster import SimCluster
+    from pd_operator.sim.offline import Cluster
     from pd_operator.sim.workload import Request
 
 
@@ -266,19 +267,35 @@ def _trace_requests(args: argparse.Namespace, warmup_s: float = 0.0) -> list["Re
     return requests
 
 
+def _cluster_for(args: argparse.Namespace, spec: "PDDeploymentSpec") -> "Cluster":
+    """`--cluster` with `--price`, or a cluster that fits every pool at its max."""
+    from pd_operator.core.hardware import HARDWARE_PROFILES
+    from pd_operator.sim.offline import Cluster, parse_cluster
+
+    price_of = prices(args.price, "--price", HARDWARE_PROFILES)
+    with about(f"--spec {args.spec}"):  # every pool must name a profile to be simulated
+        fitting = Cluster.fitting(spec)
+    with about("--cluster"):
+        cluster = (
+            parse_cluster(args.cluster, price_of)
+            if args.cluster
+            else Cluster(fitting.node_types, price_of)
+        )
+        if missing := cluster.missing_role(spec):
+            raise ValueError(missing)  # it would run and serve nothing
+    return cluster
+
+
 def _simulate(args: argparse.Namespace) -> int:
     import json
 
-    from pd_operator.core.hardware import HARDWARE_PROFILES
     from pd_operator.core.learning import model_profile_for
     from pd_operator.sim.offline import (
         TABLE_COLUMNS,
-        Cluster,
         ProgressBar,
         Timing,
         check_policy_name,
         markdown_table,
-        parse_cluster,
         simulate,
         table_row,
     )
@@ -317,15 +334,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 f"--rate {args.rate:g} over --duration {args.duration or 600:g} s sends no "
                 "request: raise either"
             )
-    price_of = prices(args.price, "--price", HARDWARE_PROFILES)
-    with about(f"--spec {args.spec}"):  # every pool must name a profile to be simulated
-        fitting = Cluster.fitting(spec)
-    with about("--cluster"):
-        cluster = (
-            parse_cluster(args.cluster, price_of)
-            if args.cluster
-            else Cluster(fitting.node_types, price_of)
-        )
+    cluster = _cluster_for(args, spec)
     timing = Timing(
         scrape_interval_s=args.scrape_interval,
         rate_window_s=args.rate_window,

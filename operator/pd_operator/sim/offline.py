@@ -108,6 +108,32 @@ class Cluster:
             return self.prices[profile]
         return HARDWARE_PROFILES[profile].hourly_price_usd
 
+    def holds(self, pool: PoolSpec) -> bool:
+        """Whether some node holds one replica of the pool (its profile, enough cards)."""
+        return any(
+            t.profile == pool.accelerator.profile
+            and t.nodes > 0
+            and t.cards_per_node >= pool.accelerator.per_replica
+            for t in self.node_types
+        )
+
+    def missing_role(self, spec: PDDeploymentSpec) -> str:
+        """Why a role has no pool any node can hold ("" when every role has one)."""
+        for role in ROLES:
+            pools = spec.pools(role)
+            if not any(self.holds(pool) for pool in pools):
+                wanted = ", ".join(
+                    f"{p.name} ({p.accelerator.profile}, {p.accelerator.per_replica} cards)"
+                    for p in pools
+                )
+                example = pools[0].accelerator.profile
+                cards = max(8, pools[0].accelerator.per_replica)
+                return (
+                    f"no node holds a replica of any {role} pool: {wanted}; add nodes, e.g."
+                    f" {example}=2x{cards}"
+                )
+        return ""
+
     @classmethod
     def fitting(cls, spec: PDDeploymentSpec, cards_per_node: int = 8) -> "Cluster":
         """Enough nodes for every pool at its max: a cluster that never limits the policy."""
