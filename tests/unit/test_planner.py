@@ -10,6 +10,7 @@ import yaml
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.cli.main import main
+from pd_operator.core import planner
 from pd_operator.core.hardware import GLM_45_FP8, H20, H200_SXM, MTT_S5000
 from pd_operator.core.perfmodel import decode_itl_ms, prefill_tokens_per_second_per_card
 from pd_operator.core.planner import (
@@ -100,6 +101,29 @@ def test_scarce_cards_lead_to_a_mixed_vendor_pool() -> None:
     prefill = {p.candidate.hardware.name for p in result.pools if p.role == "prefill"}
     assert prefill == {"mtt-s5000", "h200"}
     assert result.cards("prefill") > 16
+
+
+def test_a_trace_of_many_distinct_lengths_is_planned_on_merged_classes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Ten minutes of ServeGen at its published rate hold 324K distinct (input, output) pairs;
+    # the planner's work grows with the classes, so pairs within 2% are merged, keeping the
+    # weight and the mean lengths exactly.
+    rng = random.Random(7)
+    pairs = [(rng.randint(100, 40_000), rng.randint(10, 2_000)) for _ in range(6_000)]
+    merged = Workload.from_lengths(2.0, pairs)
+    assert len(merged.lengths) <= planner.MAX_LENGTH_CLASSES < len(set(pairs))
+    assert sum(w for _, _, w in merged.lengths) == pytest.approx(1.0)
+    mean_input = sum(i * w for i, _, w in merged.lengths)
+    assert mean_input == pytest.approx(sum(i for i, _ in pairs) / len(pairs))
+    monkeypatch.setattr(planner, "MAX_LENGTH_CLASSES", 10**9)
+    exact = Workload.from_lengths(2.0, pairs)
+    assert len(exact.lengths) == len(set(pairs))
+    target = Target(ttft_ms=6000, itl_ms=30)
+    a, b = (plan(w, target, GLM_45_FP8, [S5000, H200]) for w in (merged, exact))
+    assert a is not None and b is not None
+    assert [(p.role, p.replicas) for p in a.pools] == [(p.role, p.replicas) for p in b.pools]
+    assert a.ttft_ms == pytest.approx(b.ttft_ms, rel=0.05)
 
 
 def test_infeasible_slo_gives_no_plan_and_says_which_target_to_change() -> None:

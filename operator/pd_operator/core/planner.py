@@ -46,6 +46,11 @@ MAX_DECODE_BATCH = 1024
 MAX_REPLICAS = 256
 DEFAULT_LINK_BYTES_PER_SECOND = 100e9  # as the engine simulator (Mooncake's low end)
 ROLES = ("prefill", "decode")
+# A trace's distinct (input, output) pairs beyond this are merged into classes of lengths
+# within a few percent of each other (the planner's work grows with the classes: 10 minutes of
+# ServeGen at its published rate hold 324K distinct pairs).
+MAX_LENGTH_CLASSES = 2000
+LENGTH_BIN_RATIO = 1.02
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,13 @@ class Workload:
         """A workload whose lengths are those of `pairs` (input, output), e.g. a trace's."""
         if not pairs:
             raise ValueError("need at least one (input, output) pair")
-        counts: dict[tuple[int, int], int] = {}
+        counts: dict[tuple[float, float], float] = {}
         for pair in pairs:
             counts[pair] = counts.get(pair, 0) + 1
+        ratio = LENGTH_BIN_RATIO
+        while len(counts) > MAX_LENGTH_CLASSES:
+            counts = _merged(counts, ratio)
+            ratio *= ratio
         return cls(
             rate_rps,
             sum(i for i, _ in pairs) / len(pairs),
@@ -98,6 +107,22 @@ class Workload:
     @property
     def tokens_per_second(self) -> float:
         return self.rate_rps * (self.input_tokens + self.output_tokens)
+
+
+def _merged(
+    counts: Mapping[tuple[float, float], float], ratio: float
+) -> dict[tuple[float, float], float]:
+    """Classes whose input and output lengths fall in the same log bin of width `ratio`
+    merged into one at their weighted mean lengths."""
+    bins: dict[tuple[int, int], list[float]] = {}
+    step = math.log(ratio)
+    for (i, o), n in counts.items():
+        key = (round(math.log(i) / step), round(math.log(o) / step))
+        acc = bins.setdefault(key, [0.0, 0.0, 0.0])
+        acc[0] += n
+        acc[1] += n * i
+        acc[2] += n * o
+    return {(a[1] / a[0], a[2] / a[0]): a[0] for a in bins.values()}
 
 
 @dataclass(frozen=True)
