@@ -11,6 +11,7 @@ from pd_operator.api import parse_pddeployment
 from pd_operator.core.observe import summarize_node
 from pd_operator.core.placement import node_admits
 from pd_operator.localcluster.cluster import SERVICE_CIDR
+from pd_operator.sim.kind_mode import main as kind_mode
 from pd_operator.sim.kind_mode import metadata_patch, plan, pointer_token, status_patch
 from pd_operator.sim.kubelet import POD_ADDRESSES
 from pd_operator.sim.nodes import LABEL_NODE_GROUP, NODE_ADDRESSES, build_node
@@ -227,3 +228,18 @@ def test_plan_covers_labelled_workers_only_and_rejects_unknown_groups():
     assert [(p.node, p.group) for p in plan(articles, workers)] == [("w1", "s5000"), ("w2", "h200")]
     with pytest.raises(ValueError, match="does not have"):
         plan(articles, [kind_worker("w3", "h100")])
+
+
+def test_kind_mode_names_a_bad_profile_or_kubeconfig_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: p\nnodes: 5\n")
+    with pytest.raises(SystemExit) as raised:
+        kind_mode([str(bad)])
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {bad}: nodeGroups: Field required" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        kind_mode([str(CLUSTERS / "tiny.yaml"), "--kubeconfig", str(tmp_path / "none")])
+    assert f"error: --kubeconfig: {tmp_path / 'none'}: no such file" in capsys.readouterr().err

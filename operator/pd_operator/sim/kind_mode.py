@@ -179,8 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", help="default: in-cluster, then ~/.kube/config")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    profile = load_profile(args.profile)
-    for step in apply_profile(load_api_client(args.kubeconfig), profile):
+    try:
+        profile = load_profile(args.profile)
+    except (OSError, ValueError) as error:
+        parser.error(f"{args.profile}: {getattr(error, 'strerror', None) or error}")
+    try:
+        api = load_api_client(args.kubeconfig)
+    except ValueError as error:
+        parser.error(f"--kubeconfig: {error}")
+    for step in apply_profile(api, profile):
         cards = [f"{a.per_node} {a.resource_name}" for a in profile.group(step.group).accelerators]
         print(f"{step.node}: node group {step.group}; {', '.join(cards) or 'no cards'}")
     return 0
