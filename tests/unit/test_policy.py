@@ -4,6 +4,7 @@ import copy
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -779,26 +780,44 @@ LONG_WINDOW_ONLY = spec_of(
 )
 
 
+def drive(
+    spec: PDDeploymentSpec,
+    steps: int,
+    prefill_at: Callable[[int, int], dict[str, Any]],
+    *,
+    start: int,
+    interval: float = INTERVAL,
+) -> list[Decision]:
+    """Decide every `interval` from calibrated estimates (1,000 tokens/s per prefill replica),
+    applying each decision (pods Ready at once); prefill's signals are `prefill_at(step,
+    replicas now)` (kwargs of `signals`), decode one healthy replica."""
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    current, now, decisions = start, T0, []
+    for step in range(steps):
+        observation = observe(
+            spec,
+            now,
+            {("prefill", "p"): current, ("decode", "d"): 1},
+            prefill=prefill_at(step, current),
+        )
+        decision = decide(spec, observation, state, now)
+        assert decision is not None
+        decisions.append(decision)
+        current, state, now = replicas(decision), decision.state, now + interval
+    return decisions
+
+
 def falling_load(
     spec: PDDeploymentSpec, steps: int, *, wobble: float = 0.0, ratio: float = 0.3
 ) -> list[Decision]:
     """Prefill demand falling 3% a decision from 4,000 tokens/s (1,000 per replica), with
     `wobble` (every other decision that much above, then below) and latency at `ratio`."""
-    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
-    current, now, decisions = 6, T0, []
-    for step in range(steps):
+
+    def prefill_at(step: int, _current: int) -> dict[str, Any]:
         demand = 4000.0 * 0.97**step * (1 + (wobble if step % 2 else -wobble))
-        observation = observe(
-            spec,
-            now,
-            {("prefill", "p"): current, ("decode", "d"): 1},
-            prefill={"ratio": ratio, "tokens": demand},
-        )
-        decision = decide(spec, observation, state, now)
-        assert decision is not None
-        decisions.append(decision)
-        current, state, now = replicas(decision), decision.state, now + INTERVAL
-    return decisions
+        return {"ratio": ratio, "tokens": demand}
+
+    return drive(spec, steps, prefill_at, start=6)
 
 
 def test_a_steady_load_far_under_the_target_sheds_replicas_after_the_short_window():
@@ -846,20 +865,15 @@ def test_the_steady_samples_stay_few_however_often_the_policy_decides():
             },
         }
     )
-    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
-    current, now, reasons = 6, T0, []
-    for step in range(200):
-        observation = observe(
-            spec,
-            now,
-            {("prefill", "p"): current, ("decode", "d"): 1},
-            prefill={"ratio": 0.3, "tokens": 4000.0 * 0.995**step},
-        )
-        decision = decide(spec, observation, state, now)
-        assert decision is not None
-        reasons.append(decision.reason)
-        current, state, now = replicas(decision), decision.state, now + 5
-        assert len(state.role("prefill").recent) <= 32
+    decisions = drive(
+        spec,
+        200,
+        lambda step, _: {"ratio": 0.3, "tokens": 4000.0 * 0.995**step},
+        start=6,
+        interval=5,
+    )
+    assert all(len(d.state.role("prefill").recent) <= 32 for d in decisions)
+    reasons = [d.reason for d in decisions]
     assert any("p 6->5 limited by rate, load steady: 60s scale-down window" in r for r in reasons)
 
 
@@ -908,21 +922,11 @@ def test_scale_down_removes_from_the_least_preferred_pool_first():
 
 def test_a_load_at_the_boundary_does_not_flap_between_two_and_one():
     # Plant: latency follows load; demand wobbles +-5% around 80% of one replica's capacity.
-    state = calibrated(SPEC, {"prefill": 1000.0, "decode": 500.0})
-    current, now, sizes = 1, T0, []
-    for step in range(60):
+    def prefill_at(step: int, current: int) -> dict[str, Any]:
         demand = 800.0 * (1.05 if step % 2 else 0.95)
-        ratio = plant_latency_ratio(demand / (current * 1000.0))
-        observation = observe(
-            SPEC,
-            now,
-            {("prefill", "p"): current, ("decode", "d"): 1},
-            prefill={"ratio": ratio, "tokens": demand},
-        )
-        decision = decide(SPEC, observation, state, now)
-        assert decision is not None
-        current, state, now = replicas(decision), decision.state, now + INTERVAL
-        sizes.append(current)
+        return {"ratio": plant_latency_ratio(demand / (current * 1000.0)), "tokens": demand}
+
+    sizes = [replicas(d) for d in drive(SPEC, 60, prefill_at, start=1)]
     changes = sum(1 for a, b in itertools.pairwise(sizes) if a != b)
     assert changes <= 1
     assert sizes[-1] == 2

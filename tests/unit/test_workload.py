@@ -5,6 +5,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -244,10 +245,16 @@ def test_azure_reader_takes_the_2024_traces_zoned_timestamps(tmp_path: Path):
 def test_a_malformed_azure_trace_names_the_line_or_column_to_fix(
     tmp_path: Path, text: str, message: str
 ):
-    path = tmp_path / "bad.csv"
+    assert_refused(read_azure, tmp_path / "bad.csv", text, message)
+
+
+def assert_refused(
+    reader: Callable[[Path], Iterable[object]], path: Path, text: str, message: str
+) -> None:
+    """Reading `text` from `path` with `reader` raises a ValueError that says `message`."""
     path.write_text(text)
     with pytest.raises(ValueError, match=re.escape(message)):
-        list(read_azure(path))
+        list(reader(path))
 
 
 @pytest.mark.parametrize(
@@ -266,9 +273,8 @@ def test_a_malformed_mooncake_trace_names_the_line_and_field_to_fix(
     tmp_path: Path, line: str, message: str
 ):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n' + line + "\n")
-    with pytest.raises(ValueError, match=re.escape(f"{path}, line 2: {message}")):
-        list(read_mooncake(path))
+    text = '{"timestamp": 0, "input_length": 10, "output_length": 5}\n' + line + "\n"
+    assert_refused(read_mooncake, path, text, f"{path}, line 2: {message}")
 
 
 @pytest.mark.parametrize(
@@ -280,9 +286,7 @@ def test_a_malformed_mooncake_trace_names_the_line_and_field_to_fix(
 )
 def test_read_trace_names_a_file_of_no_known_format(tmp_path: Path, text: str, message: str):
     path = tmp_path / "t.csv"
-    path.write_text(text)
-    with pytest.raises(ValueError, match=re.escape(f"{path}: {message}")):
-        read_trace(path)
+    assert_refused(read_trace, path, text, f"{path}: {message}")
 
 
 def test_read_trace_tells_the_formats_apart_by_content(tmp_path: Path):
@@ -366,10 +370,7 @@ def test_servegen_compression_keeps_the_requests_and_shortens_the_time(tmp_path:
 def test_a_malformed_servegen_trace_names_the_line_or_column_to_fix(
     tmp_path: Path, text: str, message: str
 ):
-    path = tmp_path / "bad.csv"
-    path.write_text(text)
-    with pytest.raises(ValueError, match=re.escape(message)):
-        list(read_servegen(path))
+    assert_refused(read_servegen, tmp_path / "bad.csv", text, message)
 
 
 # --- the real traces --------------------------------------------------------------------------

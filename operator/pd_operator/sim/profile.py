@@ -186,5 +186,4 @@ def parse_profile(document: Any) -> ClusterProfile:
 
 def load_profile(path: str | Path) -> ClusterProfile:
     """Read and validate a cluster profile file."""
-    document = read_yaml(path)
-    return parse_profile(document)
+    return parse_profile(read_yaml(path))
