@@ -267,6 +267,7 @@ def test_service_account_may_do_what_the_operator_does(cluster, namespace, relea
         ("patch", "pddeployments.pdoperator.io", "--subresource=status"),
         ("create", "deployments.apps"),
         ("delete", "services"),
+        ("patch", "poddisruptionbudgets.policy"),
         ("create", "events"),
         ("watch", "pods"),
         ("get", "secrets"),  # the Secrets a PDDeployment's spec.scaling.prometheus names

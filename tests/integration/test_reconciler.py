@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from kubetools import (
     RunningOperator,
@@ -37,6 +38,11 @@ def operator(cluster, namespace):
 def deployments(api_client, namespace):
     items = client.AppsV1Api(api_client).list_namespaced_deployment(namespace).items
     return {d.metadata.name: d for d in items}
+
+
+def budgets(api_client, namespace):
+    items = client.PolicyV1Api(api_client).list_namespaced_pod_disruption_budget(namespace).items
+    return {b.metadata.name: b for b in items}
 
 
 def converged(api_client, namespace, name, generation=1):
@@ -193,6 +199,7 @@ def test_manual_scale_is_put_back_with_an_event(operator, api_client, namespace)
 def test_deleting_the_pddeployment_removes_every_child(operator, api_client, namespace):
     create_pdd(api_client, namespace, copy.deepcopy(HETERO))
     wait_for(lambda: len(deployments(api_client, namespace)) == 2, what="two Deployments")
+    wait_for(lambda: len(budgets(api_client, namespace)) == 2, what="two PodDisruptionBudgets")
     client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
         "pdoperator.io", "v1alpha1", namespace, "pddeployments", "glm-hetero"
     )
@@ -201,8 +208,9 @@ def test_deleting_the_pddeployment_removes_every_child(operator, api_client, nam
         lambda: (
             not deployments(api_client, namespace)
             and not [s for s in core.list_namespaced_service(namespace).items]
+            and not budgets(api_client, namespace)
         ),
-        what="garbage collection of Deployments and Services",
+        what="garbage collection of Deployments, Services and PodDisruptionBudgets",
     )
 
 
@@ -333,3 +341,73 @@ def test_image_that_cannot_be_pulled_stalls(operator, api_client, namespace):
     )
     assert "decode pool h200" in condition(obj, "Stalled")["message"]
     assert json.dumps(obj["status"]).count("ImagePullBackOff") >= 1
+
+
+def evict(api_client, namespace, pod: str) -> int:
+    """Ask to evict a pod, as `kubectl drain` does; the HTTP status of the answer."""
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    try:
+        client.CoreV1Api(api_client).create_namespaced_pod_eviction(pod, namespace, body)
+    except ApiException as error:
+        return int(error.status)
+    return 201
+
+
+def set_running(api_client, namespace, pod: str, ready: bool) -> None:
+    """What the kubelet reports: the engine runs, and is Ready once its model is loaded."""
+    status = "True" if ready else "False"
+    client.CoreV1Api(api_client).patch_namespaced_pod_status(
+        pod,
+        namespace,
+        {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": status}]}},
+    )
+
+
+def test_a_drain_takes_one_ready_replica_of_a_pool_at_a_time_and_never_waits_on_loading_ones(
+    operator, api_client, namespace
+):
+    body = copy.deepcopy(HETERO)
+    body["spec"]["scaling"]["mode"] = "Disabled"
+    body["spec"]["prefill"]["pools"][0]["replicas"] = {"min": 2, "max": 2}
+    create_pdd(api_client, namespace, body)
+    budget = wait_for(
+        lambda: budgets(api_client, namespace).get("glm-hetero-prefill-s5000"),
+        what="the prefill pool's PodDisruptionBudget",
+    ).to_dict()
+    assert budget["spec"]["max_unavailable"] == 1
+    assert budget["spec"]["selector"]["match_labels"]["pdoperator.io/pool"] == "s5000"
+    assert budget["metadata"]["owner_references"][0]["kind"] == "PDDeployment"
+    core = client.CoreV1Api(api_client)
+
+    def prefill_pods():
+        items = core.list_namespaced_pod(
+            namespace, label_selector="pdoperator.io/role=prefill"
+        ).items
+        live = [p.metadata.name for p in items if p.metadata.deletion_timestamp is None]
+        return sorted(live) if len(live) == 2 else None
+
+    # Both replicas still loading their model: neither holds a drain up.
+    loading = wait_for(prefill_pods, what="two prefill pods")
+    for pod in loading:
+        set_running(api_client, namespace, pod, ready=False)
+    assert evict(api_client, namespace, loading[0]) == 201
+
+    # Both Ready: a drain may take one, and the second waits for the budget.
+    serving = wait_for(
+        lambda: (pods := prefill_pods()) and loading[0] not in pods and pods,
+        what="the ReplicaSet to replace the evicted pod",
+    )
+    for pod in serving:
+        set_running(api_client, namespace, pod, ready=True)
+    policy = client.PolicyV1Api(api_client)
+    wait_for(
+        lambda: (
+            policy.read_namespaced_pod_disruption_budget(
+                "glm-hetero-prefill-s5000", namespace
+            ).status.current_healthy
+            == 2
+        ),
+        what="the disruption controller to count two healthy replicas",
+    )
+    assert evict(api_client, namespace, serving[0]) == 201
+    assert evict(api_client, namespace, serving[1]) == 429  # TooManyRequests: over the budget

@@ -48,7 +48,11 @@ NAMESPACED_RIGHTS: set[Rule] = {
     ("pdoperator.io", "pddeployments/status", "patch"),
     *{
         (group, resource, verb)
-        for group, resource in (("apps", "deployments"), ("", "services"))
+        for group, resource in (
+            ("apps", "deployments"),
+            ("", "services"),
+            ("policy", "poddisruptionbudgets"),
+        )
         for verb in ("list", "watch", "create", "patch", "delete")
     },
     ("", "pods", "list"),

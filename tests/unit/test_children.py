@@ -91,8 +91,10 @@ def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
             [
                 ("v1", "Service", "glm-hetero-prefill"),
                 ("apps/v1", "Deployment", "glm-hetero-prefill-s5000"),
+                ("policy/v1", "PodDisruptionBudget", "glm-hetero-prefill-s5000"),
                 ("v1", "Service", "glm-hetero-decode"),
                 ("apps/v1", "Deployment", "glm-hetero-decode-h200"),
+                ("policy/v1", "PodDisruptionBudget", "glm-hetero-decode-h200"),
             ],
         ),
         (
@@ -100,9 +102,12 @@ def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
             [
                 ("v1", "Service", "glm-spillover-prefill"),
                 ("apps/v1", "Deployment", "glm-spillover-prefill-s5000"),
+                ("policy/v1", "PodDisruptionBudget", "glm-spillover-prefill-s5000"),
                 ("apps/v1", "Deployment", "glm-spillover-prefill-h200-overflow"),
+                ("policy/v1", "PodDisruptionBudget", "glm-spillover-prefill-h200-overflow"),
                 ("v1", "Service", "glm-spillover-decode"),
                 ("apps/v1", "Deployment", "glm-spillover-decode-h200"),
+                ("policy/v1", "PodDisruptionBudget", "glm-spillover-decode-h200"),
             ],
         ),
     ],
@@ -584,6 +589,44 @@ def test_build_deployment_matches_the_listed_child():
     )
 
 
+# --- disruption budgets ------------------------------------------------------------------------
+
+
+def budgets(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["metadata"]["name"]: c for c in children if c["kind"] == "PodDisruptionBudget"}
+
+
+def test_each_pool_gets_a_budget_over_exactly_its_own_pods():
+    pdd = sample(SPILLOVER)
+    children = desired_children(pdd, {})
+    pods_of = {
+        name: deployment["spec"]["template"]["metadata"]["labels"].items()
+        for name, deployment in deployments(children).items()
+    }
+    assert set(budgets(children)) == set(pods_of)
+    for name, budget in budgets(children).items():
+        assert budget["spec"]["maxUnavailable"] == 1
+        # A replica loading its model serves nothing: it never holds a node drain up.
+        assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        selector = budget["spec"]["selector"]["matchLabels"].items()
+        selected = {other for other, labels in pods_of.items() if selector <= labels}
+        assert selected == {name}
+        assert budget["metadata"]["labels"] == deployments(children)[name]["metadata"]["labels"]
+
+
+def test_budget_size_and_switch_come_from_the_spec():
+    sized = desired_children(custom(disruptionBudget={"maxUnavailable": 3}), {})
+    assert {b["spec"]["maxUnavailable"] for b in budgets(sized).values()} == {3}
+    off = desired_children(custom(disruptionBudget={"enabled": False}), {})
+    assert budgets(off) == {}
+    assert len(deployments(off)) == len(deployments(sized))
+
+
+def test_a_budget_of_zero_is_refused_with_the_field_named():
+    with pytest.raises(ValueError, match="maxUnavailable"):
+        custom(disruptionBudget={"maxUnavailable": 0})
+
+
 # --- properties --------------------------------------------------------------------------------
 
 PDD_NAMES = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
@@ -602,9 +645,11 @@ def test_child_names_are_valid_and_unique_for_any_admitted_names(pdd_name, prefi
     document["spec"].update(prefill=pools(prefill), decode=pools(decode))
     children = desired_children(with_identity(document), {})
     names = [child["metadata"]["name"] for child in children]
-    assert len(children) == 2 + len(prefill) + len(decode)
+    # A Service per role; per pool a Deployment and its PodDisruptionBudget.
+    assert len(children) == 2 + 2 * (len(prefill) + len(decode))
     assert all(len(name) <= 63 and DNS_LABEL.match(name) for name in names), names
-    assert len(set(names)) == len(names)
+    keys = [(child["kind"], child["metadata"]["name"]) for child in children]
+    assert len(set(keys)) == len(keys)  # names are unique per kind
     assert all(DNS_1035_LABEL.match(name) for name in services(children))
     for child in children:
         assert all(len(value) <= 63 for value in child["metadata"]["labels"].values())

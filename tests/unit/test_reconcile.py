@@ -61,6 +61,8 @@ def test_first_reconcile_creates_every_child_with_hash_and_replica_annotations()
     assert kinds == [
         ("Deployment", "glm-hetero-decode-h200"),
         ("Deployment", "glm-hetero-prefill-s5000"),
+        ("PodDisruptionBudget", "glm-hetero-decode-h200"),
+        ("PodDisruptionBudget", "glm-hetero-prefill-s5000"),
         ("Service", "glm-hetero-decode"),
         ("Service", "glm-hetero-prefill"),
     ]
@@ -113,15 +115,31 @@ def test_equal_quantities_in_another_spelling_are_not_drift():
     assert plan_children(pdd, children, []).apply == []
 
 
-def test_removed_pool_deletes_exactly_its_deployment():
+def test_removed_pool_deletes_exactly_its_deployment_and_disruption_budget():
     spill = load_sample(ROOT / "config" / "samples" / "multipool-spillover.yaml")
     spill["metadata"].update(namespace="ns", uid="u", generation=1)
     children = applied(plan_children(parse_pddeployment(spill), {}, []))
     spill["spec"]["prefill"]["pools"] = spill["spec"]["prefill"]["pools"][:1]
     plan = plan_children(parse_pddeployment(spill), children, [])
     assert [(r.kind, r.name) for r in plan.delete] == [
-        ("Deployment", "glm-spillover-prefill-h200-overflow")
+        ("Deployment", "glm-spillover-prefill-h200-overflow"),
+        ("PodDisruptionBudget", "glm-spillover-prefill-h200-overflow"),
     ]
+    assert plan.apply == []
+
+
+def test_disabling_the_disruption_budget_deletes_only_the_budgets():
+    spill = load_sample(ROOT / "config" / "samples" / "multipool-spillover.yaml")
+    spill["metadata"].update(namespace="ns", uid="u", generation=1)
+    children = applied(plan_children(parse_pddeployment(spill), {}, []))
+    spill["spec"]["disruptionBudget"] = {"enabled": False}
+    plan = plan_children(parse_pddeployment(spill), children, [])
+    assert sorted((r.kind, r.name) for r in plan.delete) == [
+        ("PodDisruptionBudget", "glm-spillover-decode-h200"),
+        ("PodDisruptionBudget", "glm-spillover-prefill-h200-overflow"),
+        ("PodDisruptionBudget", "glm-spillover-prefill-s5000"),
+    ]
+    # The pools keep running untouched: their Deployments are neither re-applied nor deleted.
     assert plan.apply == []
 
 

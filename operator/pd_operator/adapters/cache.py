@@ -74,7 +74,7 @@ class ClusterCache:
         return key
 
     def put_child(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
-        """Record (or forget) a Deployment, Service or ConfigMap of ours."""
+        """Record (or forget) a child of ours: a Deployment, Service or PodDisruptionBudget."""
         owner = owner_key(obj)
         if owner is None:
             return None

@@ -26,6 +26,7 @@ PLURALS = {
     "Deployment": "deployments",
     "Service": "services",
     "ConfigMap": "configmaps",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "PDDeployment": PLURAL,
 }
 

@@ -1,6 +1,7 @@
 """Generates docs/api.md, the field reference, from the CRD schema (`make manifests`)."""
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,12 @@ shows the same descriptions. Limits are inclusive; pool lists are keyed by `name
 | field | type | default | limits | description |
 |---|---|---|---|---|
 """
+
+
+def _default(value: Any) -> str:
+    """A default as YAML would read it: a plain string bare, anything else as JSON (true,
+    {"min": 1}, "")."""
+    return value if isinstance(value, str) and value else json.dumps(value)
 
 
 def _limits(node: dict[str, Any]) -> str:
@@ -40,7 +47,9 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
     kind = node.get("type", "object")
     if kind == "array":
         kind = f"[]{node['items'].get('type', 'object')}"
-    default = f"`{node['default']}`" if "default" in node else ("required" if required else "")
+    default = (
+        f"`{_default(node['default'])}`" if "default" in node else ("required" if required else "")
+    )
     description = node.get("description", "").replace("|", "\\|")
     rows = [f"| `{path}` | {kind} | {default} | {_limits(node)} | {description} |"]
     children = node.get("properties") or node.get("items", {}).get("properties") or {}

@@ -394,6 +394,22 @@ class ScalingSpec(SpecModel):
     )
 
 
+class DisruptionBudgetSpec(SpecModel):
+    """Voluntary disruptions (node drains, evictions) of each pool's pods."""
+
+    enabled: bool = Field(
+        True,
+        description="One PodDisruptionBudget per pool: a drain or an eviction takes at most "
+        "maxUnavailable of the pool's Ready replicas at a time. Set false to create none "
+        "(the operator deletes the ones it made).",
+    )
+    max_unavailable: Annotated[int, Field(ge=1, le=1000), WHOLE_NUMBER] = Field(
+        1,
+        description="Most Ready replicas of one pool that evictions may take down at once. "
+        "Replicas not Ready (loading a model, failing) never hold a drain up.",
+    )
+
+
 class PDDeploymentSpec(SpecModel):
     """A model served by a prefill role and a decode role, each with its own pools and SLO."""
 
@@ -406,6 +422,9 @@ class PDDeploymentSpec(SpecModel):
     decode: RoleSpec
     scaling: ScalingSpec = Field(
         default_factory=ScalingSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
+    )
+    disruption_budget: DisruptionBudgetSpec = Field(
+        default_factory=DisruptionBudgetSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
     )
 
     def pools(self, role: Role) -> list[PoolSpec]:

@@ -1,6 +1,7 @@
 """Desired child objects of a PDDeployment, built whole as data for server-side apply.
 
-Per role one ClusterIP Service over all of the role's pools; per pool one Deployment. Each
+Per role one ClusterIP Service over all of the role's pools; per pool one Deployment and (unless
+`spec.disruptionBudget.enabled` is false) one PodDisruptionBudget of the same name. Each
 manifest carries only the fields the operator owns (field manager `pd-operator`); fields that
 the apiserver or other controllers set (clusterIP, status, defaults) are left out. Children get
 their own labels and never the parent's labels or annotations, which GitOps tools use to track
@@ -247,8 +248,29 @@ def build_service(pdd: PDDeployment, role: Role) -> Manifest:
     }
 
 
+def build_disruption_budget(pdd: PDDeployment, role: Role, pool: PoolSpec) -> Manifest:
+    """The PodDisruptionBudget of one pool: evictions take at most `maxUnavailable` of its
+    Ready replicas at a time."""
+    name = pdd.metadata.name
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(
+            pdd, deployment_name(name, role, pool.name), child_labels(name, role, pool.name)
+        ),
+        "spec": {
+            "maxUnavailable": pdd.spec.disruption_budget.max_unavailable,
+            "selector": {"matchLabels": selector_labels(name, role, pool.name)},
+            # A replica still loading its model (or failing) serves nothing: evicting it costs
+            # nothing, and under the default policy it would hold a node drain up for as long.
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def desired_children(pdd: PDDeployment, replicas: Mapping[PoolKey, int]) -> list[Manifest]:
-    """Every child of a PDDeployment: per role its Service, then its pools' Deployments in order.
+    """Every child of a PDDeployment: per role its Service, then per pool in order its
+    Deployment and its PodDisruptionBudget.
 
     `replicas` maps (role, pool name) to the pool's replica count; a pool missing from it gets
     its `replicas.min`, and keys of pools no longer in the spec are ignored.
@@ -259,6 +281,8 @@ def desired_children(pdd: PDDeployment, replicas: Mapping[PoolKey, int]) -> list
         for pool in pdd.spec.pools(role):
             count = replicas.get((role, pool.name), pool.replicas.min)
             children.append(build_deployment(pdd, role, pool, count))
+            if pdd.spec.disruption_budget.enabled:
+                children.append(build_disruption_budget(pdd, role, pool))
     return children
 
 

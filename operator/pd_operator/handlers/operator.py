@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+# (API group, plural) of the kinds of children, all at version v1: watched by our label only.
+CHILD_RESOURCES: tuple[tuple[str, str], ...] = (
+    ("apps", "deployments"),
+    ("", "services"),
+    ("policy", "poddisruptionbudgets"),
+)
 MAX_BACKOFF_SECONDS = 60.0
 
 
@@ -101,6 +107,7 @@ class OperatorState:
         operator sees what exists and writes nothing for converged objects. Lists per watched
         namespace when namespaces are given (a namespaced install has no cluster-wide list)."""
         apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
+        policy = client.PolicyV1Api(self.api_client)
         selector = MANAGED_SELECTOR
         pod_selector = "" if self.config.count_other_pods else MANAGED_SELECTOR
         if self.config.namespaces:
@@ -108,6 +115,7 @@ class OperatorState:
                 (
                     apps.list_namespaced_deployment(ns, label_selector=selector).items,
                     core.list_namespaced_service(ns, label_selector=selector).items,
+                    policy.list_namespaced_pod_disruption_budget(ns, label_selector=selector).items,
                     core.list_namespaced_pod(ns, label_selector=pod_selector).items,
                 )
                 for ns in self.config.namespaces
@@ -117,14 +125,19 @@ class OperatorState:
                 (
                     apps.list_deployment_for_all_namespaces(label_selector=selector).items,
                     core.list_service_for_all_namespaces(label_selector=selector).items,
+                    policy.list_pod_disruption_budget_for_all_namespaces(
+                        label_selector=selector
+                    ).items,
                     core.list_pod_for_all_namespaces(label_selector=pod_selector).items,
                 )
             ]
-        for deployments, services, pods in listings:
+        for deployments, services, budgets, pods in listings:
             for deployment in deployments:
                 self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
             for service in services:
                 self.cache.put_child(self._plain(service, "v1", "Service"))
+            for budget in budgets:
+                self.cache.put_child(self._plain(budget, "policy/v1", "PodDisruptionBudget"))
             for pod in pods:
                 self.put_any_pod(self._plain(pod, "v1", "Pod"))
         for node in core.list_node().items:
@@ -213,7 +226,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if state.config.peering_name:
             settings.peering.name = state.config.peering_name
             settings.peering.mandatory = True
-        ours_only = [("apps", "deployments"), ("", "services")]
+        ours_only = list(CHILD_RESOURCES)
         if not state.config.count_other_pods:
             ours_only.append(("", "pods"))
         for resource in ours_only:
@@ -249,7 +262,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if owner:
             state.queue.add(owner)
 
-    for group, plural in (("apps", "deployments"), ("", "services")):
+    for group, plural in CHILD_RESOURCES:
         kopf.on.event(group, "v1", plural, registry=registry, labels={
             "app.kubernetes.io/managed-by": MANAGED_BY
         })(child_event)  # fmt: skip

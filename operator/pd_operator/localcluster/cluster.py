@@ -40,6 +40,8 @@ CONTROLLERS = [
     "taint-eviction-controller",
     "pod-garbage-collector-controller",
     "endpointslice-controller",
+    # Counts the healthy pods under each PodDisruptionBudget: evictions (drains) read it.
+    "disruption-controller",
 ]
 START_TIMEOUT_SECONDS = 60
 CRD_ESTABLISHED_TIMEOUT_S = 60
