@@ -6,7 +6,8 @@ import time
 import uuid
 
 import pytest
-from kubernetes import client
+import yaml
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from kubetools import (
@@ -19,6 +20,7 @@ from kubetools import (
     wait_for,
     writes,
 )
+from pd_operator.handlers.operator import OperatorConfig, OperatorState
 from pdcases import ROOT, load_sample
 
 HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
@@ -411,3 +413,46 @@ def test_a_drain_takes_one_ready_replica_of_a_pool_at_a_time_and_never_waits_on_
     )
     assert evict(api_client, namespace, serving[0]) == 201
     assert evict(api_client, namespace, serving[1]) == 429  # TooManyRequests: over the budget
+
+
+def test_an_operator_whose_rbac_predates_a_kind_it_lists_names_the_rule_and_the_fix(
+    cluster, api_client, namespace
+):
+    # The ClusterRole of the release before PodDisruptionBudgets, for an impersonated user.
+    rules = yaml.safe_load((ROOT / "config" / "rbac" / "role.yaml").read_text())["rules"]
+    older = [rule for rule in rules if "poddisruptionbudgets" not in rule["resources"]]
+    assert len(older) == len(rules) - 1
+    user = f"older-operator-{uuid.uuid4().hex[:8]}"
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    rbac.create_cluster_role({"metadata": {"name": user}, "rules": older})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": user},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": user,
+            },
+            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+        }
+    )
+    try:
+        as_older = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+        as_older.set_default_header("Impersonate-User", user)
+        apps = client.AppsV1Api(as_older)
+
+        def bound():
+            try:
+                return apps.list_namespaced_deployment(namespace) is not None
+            except ApiException:
+                return False
+
+        wait_for(bound, what="the older role to apply")
+        with pytest.raises(PermissionError) as refused:
+            OperatorState(as_older, OperatorConfig(namespaces=[namespace])).prime()
+    finally:
+        rbac.delete_cluster_role_binding(user)
+        rbac.delete_cluster_role(user)
+    message = str(refused.value)
+    assert '"poddisruptionbudgets"' in message and "forbidden" in message
+    assert "helm upgrade" in message and "kubectl apply -k config/default" in message

@@ -62,6 +62,14 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return api
 
 
+def api_message(error: ApiException) -> str:
+    """The apiserver's own words for a refused request (its Status message), else the reason."""
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.reason)
+
+
 def object_path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
     """The REST path of a namespaced object (or its collection when name is empty)."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ClusterCache, ObjectKey
@@ -24,7 +25,7 @@ from pd_operator.adapters.credentials import (
     SecretCache,
     kube_secret_fetch,
 )
-from pd_operator.adapters.kube import KubeWriter
+from pd_operator.adapters.kube import KubeWriter, api_message
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.core.children import MANAGED_BY
 from pd_operator.handlers.autoscaler import Autoscaler
@@ -42,6 +43,13 @@ CHILD_RESOURCES: tuple[tuple[str, str], ...] = (
     ("policy", "poddisruptionbudgets"),
 )
 MAX_BACKOFF_SECONDS = 60.0
+# One namespace's (or the cluster's) Deployments, Services, PodDisruptionBudgets and pods.
+Listing = tuple[list[Any], list[Any], list[Any], list[Any]]
+# A list refused while priming: the RBAC applied is older (or narrower) than this operator.
+RBAC_FIX = (
+    "apply the RBAC of this operator's version: `helm upgrade` of its chart, or "
+    "`kubectl apply -k config/default` (docs/install.md, 'What the operator may do')"
+)
 
 
 @dataclass
@@ -105,13 +113,35 @@ class OperatorState:
     def prime(self) -> None:
         """List children, pods and nodes once before any reconcile, so that a restarted
         operator sees what exists and writes nothing for converged objects. Lists per watched
-        namespace when namespaces are given (a namespaced install has no cluster-wide list)."""
+        namespace when namespaces are given (a namespaced install has no cluster-wide list).
+
+        PermissionError names the list the operator's RBAC refused and the fix."""
+        try:
+            listings, nodes = self._list_once()
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            raise PermissionError(f"{api_message(error)}: {RBAC_FIX}") from None
+        for deployments, services, budgets, pods in listings:
+            for deployment in deployments:
+                self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
+            for service in services:
+                self.cache.put_child(self._plain(service, "v1", "Service"))
+            for budget in budgets:
+                self.cache.put_child(self._plain(budget, "policy/v1", "PodDisruptionBudget"))
+            for pod in pods:
+                self.put_any_pod(self._plain(pod, "v1", "Pod"))
+        for node in nodes:
+            self.cache.put_node(self._plain(node, "v1", "Node"))
+
+    def _list_once(self) -> tuple[list[Listing], list[Any]]:
+        """Our children and the pods, per watched namespace (or once cluster-wide), and nodes."""
         apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
         policy = client.PolicyV1Api(self.api_client)
         selector = MANAGED_SELECTOR
         pod_selector = "" if self.config.count_other_pods else MANAGED_SELECTOR
         if self.config.namespaces:
-            listings = [
+            listings: list[Listing] = [
                 (
                     apps.list_namespaced_deployment(ns, label_selector=selector).items,
                     core.list_namespaced_service(ns, label_selector=selector).items,
@@ -131,17 +161,7 @@ class OperatorState:
                     core.list_pod_for_all_namespaces(label_selector=pod_selector).items,
                 )
             ]
-        for deployments, services, budgets, pods in listings:
-            for deployment in deployments:
-                self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
-            for service in services:
-                self.cache.put_child(self._plain(service, "v1", "Service"))
-            for budget in budgets:
-                self.cache.put_child(self._plain(budget, "policy/v1", "PodDisruptionBudget"))
-            for pod in pods:
-                self.put_any_pod(self._plain(pod, "v1", "Pod"))
-        for node in core.list_node().items:
-            self.cache.put_node(self._plain(node, "v1", "Node"))
+        return listings, core.list_node().items
 
     def put_any_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
         """A pod of ours into its PDDeployment's view (returns its key); any other pod into

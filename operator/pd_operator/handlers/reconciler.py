@@ -5,7 +5,6 @@ on the API.
 """
 
 import datetime
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ClusterCache, ObjectKey
-from pd_operator.adapters.kube import KubeWriter
+from pd_operator.adapters.kube import KubeWriter, api_message
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.core import reasons
 from pd_operator.core.children import PoolKey
@@ -34,13 +33,6 @@ ScalingSource = Callable[[ObjectKey], ScalingView | None]
 def utc_now() -> str:
     """Current time in RFC 3339, second precision (metav1.Time)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _api_message(error: ApiException) -> str:
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except ValueError:
-        return str(error.reason)
 
 
 def _namespace_terminating(error: ApiException) -> bool:
@@ -122,7 +114,7 @@ class Reconciler:
                     continue
                 name = f"{manifest['kind']} {manifest['metadata']['name']}"
                 problems.append(
-                    Problem(reasons.APPLY_REJECTED, f"{name} rejected: {_api_message(error)}")
+                    Problem(reasons.APPLY_REJECTED, f"{name} rejected: {api_message(error)}")
                 )
                 continue
             # Read our own write: the next reconcile must not apply it again before the
