@@ -102,6 +102,11 @@ def test_create_builds_placed_and_owned_children_and_reports_status(
     assert engine["resources"]["limits"]["mthreads.com/gpu"] == "8"
     command = " ".join(engine["command"] + (engine.get("args") or []))
     assert "vllm serve zai-org/GLM-4.6-FP8" in command and "kv_producer" in command
+    # A replica being removed serves what it runs (60 s at most) before SIGTERM: the apiserver
+    # takes the hook as valid.
+    hook = engine["lifecycle"]["pre_stop"]["_exec"]["command"]
+    assert hook[:2] == ["python3", "-c"] and hook[-1] == "60"
+    assert pod["termination_grace_period_seconds"] == 90
     decode_engine = decode["spec"]["template"]["spec"]["containers"][0]
     assert decode_engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "kv_consumer" in " ".join(decode_engine["command"] + (decode_engine.get("args") or []))

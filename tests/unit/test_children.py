@@ -16,6 +16,7 @@ from pd_operator.core.children import (
     child_key,
     desired_children,
 )
+from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import engine_command, engine_env
 from pd_operator.core.naming import deployment_name, service_name
 from pdcases import ROOT, SAMPLES, load_sample, minimal
@@ -233,6 +234,31 @@ def test_rollouts_never_surge_past_the_pools_cards():
             "type": "RollingUpdate",
             "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
         }
+
+
+def test_a_removed_replica_finishes_what_it_runs_before_its_engine_is_stopped():
+    pdd = sample(SPILLOVER)
+    for deployment in deployments(desired_children(pdd, {})).values():
+        role = deployment["metadata"]["labels"]["pdoperator.io/role"]
+        # The kubelet sends SIGTERM when the hook returns: once idle, 60 s at most (test_drain.py).
+        hook = engine(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+        assert hook == drain_command("SGLang", role, 60)
+        assert hook[3] == "http://127.0.0.1:30000/metrics"  # the engine's own port
+        # ...and kills it only after the drain and the engine's own shutdown.
+        assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 60 + 30
+
+
+def test_drain_seconds_sizes_the_wait_and_zero_leaves_kubernetes_defaults():
+    longer = deployments(desired_children(custom(termination={"drainSeconds": 600}), {}))
+    for deployment in longer.values():
+        assert engine(deployment)["lifecycle"]["preStop"]["exec"]["command"][-1] == "600"
+        assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 630
+    # 0: no hook, and the grace period Kubernetes gives a pod that sets none (30 s), so pools
+    # made before drains existed are not rolled out for them.
+    off = deployments(desired_children(custom(termination={"drainSeconds": 0}), {}))
+    for deployment in off.values():
+        assert "lifecycle" not in engine(deployment)
+        assert pod_spec(deployment)["terminationGracePeriodSeconds"] == 30
 
 
 # --- probes, ports and metrics -----------------------------------------------------------------

@@ -410,6 +410,18 @@ class DisruptionBudgetSpec(SpecModel):
     )
 
 
+class TerminationSpec(SpecModel):
+    """How a replica leaves its pool (a scale-down, a rollout, a node drain)."""
+
+    drain_seconds: Annotated[int, Field(ge=0, le=3600), WHOLE_NUMBER] = Field(
+        60,
+        description="Longest time a replica being removed keeps serving the requests it "
+        "already runs (decode streams, prefill KV hand-offs) while no new ones reach it; its "
+        "engine is stopped as soon as it is idle. 0 stops it at once. Set it past the longest "
+        "request you serve.",
+    )
+
+
 class PDDeploymentSpec(SpecModel):
     """A model served by a prefill role and a decode role, each with its own pools and SLO."""
 
@@ -425,6 +437,9 @@ class PDDeploymentSpec(SpecModel):
     )
     disruption_budget: DisruptionBudgetSpec = Field(
         default_factory=DisruptionBudgetSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
+    )
+    termination: TerminationSpec = Field(
+        default_factory=TerminationSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
     )
 
     def pools(self, role: Role) -> list[PoolSpec]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pd_operator.api.document import API_VERSION, KIND, PDDeployment
 from pd_operator.api.spec import PodTemplateOverrides, PoolSpec, Role
+from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import (
     HEALTH_PATH,
     METRICS_PATH,
@@ -48,6 +49,9 @@ STARTUP_FAILURE_THRESHOLD = 360
 # A rollout that waits on model loading is not stuck: report no ProgressDeadlineExceeded before
 # a replacement pod has had its whole startup window.
 PROGRESS_DEADLINE_SECONDS = STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD + 600
+# After the drain (`core.drain`), the engine's own shutdown (freeing the cards, closing
+# KV-transfer connections) before the kubelet kills it.
+ENGINE_STOP_SECONDS = 30
 
 
 def selector_labels(pdd_name: str, role: Role, pool: str | None = None) -> dict[str, str]:
@@ -141,6 +145,10 @@ def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str
         # full model reload, far worse than a wedged replica that readiness already takes out.
         "startupProbe": _probe(STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS),
     }
+    drain = spec.termination.drain_seconds
+    if drain:
+        command = drain_command(spec.model.engine, role, drain)
+        container["lifecycle"] = {"preStop": {"exec": {"command": command}}}
     env = _merge_by("name", engine_env(spec), user_env)
     if env:
         container["env"] = env
@@ -173,6 +181,7 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
     )
     pod: dict[str, Any] = {
         "containers": [_engine_container(pdd, role, pool)],
+        "terminationGracePeriodSeconds": pdd.spec.termination.drain_seconds + ENGINE_STOP_SECONDS,
         # Service environment variables can clash with engine settings (a Service named `vllm`
         # sets VLLM_PORT, which vLLM reads), and engines find peers by other means.
         "enableServiceLinks": False,
