@@ -5,11 +5,12 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.api.crd import render_crd
 from pd_operator.api.reference import render_reference
-from pdcases import CRD_PATH, INVALID, SAMPLES, load_sample, minimal
+from pdcases import CRD_PATH, INVALID, ROOT, SAMPLES, load_sample, minimal
 from schema_tools import apply_defaults, crd_schema, normalise, strict
 
 # Rules that only CEL or list-map semantics express; the apiserver tier checks these for real.
@@ -44,6 +45,15 @@ def test_every_sample_is_valid_for_models_and_schema(sample):
     document = load_sample(sample)
     parse_pddeployment(document)
     assert schema_errors(document) == []
+
+
+def test_the_readmes_api_screen_is_a_valid_pddeployment():
+    readme = (ROOT / "README.md").read_text()
+    screen = readme.split("## The API in one screen", 1)[1].split("```yaml\n", 1)[1]
+    document = yaml.safe_load(screen.split("```", 1)[0])
+    spec = parse_pddeployment(document).spec
+    assert schema_errors(document) == []
+    assert (spec.disruption_budget.max_unavailable, spec.termination.drain_seconds) == (1, 60)
 
 
 @pytest.mark.parametrize(("case", "document", "field"), INVALID, ids=[c[0] for c in INVALID])
