@@ -29,7 +29,7 @@ from pd_operator.localcluster.processes import free_port
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"
 NAMESPACE = "bench"
-CHILDREN_PER_OBJECT = 4  # two Deployments, two Services
+CHILDREN_PER_OBJECT = 6  # per pool a Deployment and a PodDisruptionBudget; per role a Service
 
 
 def operator_writes(metrics_url: str, verb: str = "") -> float:
