@@ -274,6 +274,10 @@ def test_service_account_may_do_what_the_operator_does(cluster, namespace, relea
     ):
         assert can_i(cluster, release, *request_, f"--namespace={namespace}"), request_
     assert can_i(cluster, release, "watch", "nodes")
+    # The leader Lease: in the release's namespace only.
+    lease = ("update", "leases.coordination.k8s.io")
+    assert can_i(cluster, release, *lease, f"--namespace={release.namespace}")
+    assert not can_i(cluster, release, *lease, f"--namespace={namespace}")
 
 
 def test_secrets_are_read_by_name_only_with_the_service_accounts_own_token(

@@ -61,6 +61,12 @@ NAMESPACED_RIGHTS: set[Rule] = {
     # The Secrets that spec.scaling.prometheus names, by name: get, never list or watch.
     ("", "secrets", "get"),
 }
+# The leader Lease, in the release's namespace only (leaderElection, on by default).
+LEADER = {
+    ("RoleBinding", RELEASE_NAMESPACE): {
+        ("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")
+    }
+}
 # Cluster-scoped reads: nodes for placement and capacity, CRDs for kopf's resource discovery.
 CLUSTER_RIGHTS: set[Rule] = {
     ("", "nodes", "list"),
@@ -227,7 +233,11 @@ def test_default_install_runs_one_restricted_operator_pod():
     objects = render()
     deployment = one(objects, "Deployment", FULLNAME)
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election: a new pod starts as a standby before the old one stops.
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == FULLNAME
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -252,6 +262,7 @@ def test_default_install_runs_one_restricted_operator_pod():
         "--health-port=8080",
         "--workers=4",
         "--resync-seconds=300",
+        "--leader-election",
     ]
     service = one(objects, "Service", f"{FULLNAME}-metrics")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
@@ -278,6 +289,7 @@ def test_values_become_the_operators_command_line():
         "--resync-seconds=60",
         "--namespace=team-a",
         "--namespace=team-b",
+        "--leader-election",
         "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
         "--no-autoscale",
         "--ignore-other-pods",
@@ -297,7 +309,22 @@ def test_values_become_the_operators_command_line():
 
 
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses():
-    assert granted(render()) == {("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS}
+    assert granted(render()) == {
+        ("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS,
+        **LEADER,
+    }
+
+
+def test_one_operator_without_leader_election_and_standbys_with_it():
+    alone = render({"leaderElection": {"enabled": False}})
+    deployment = one(alone, "Deployment", FULLNAME)
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two at once
+    assert "--leader-election" not in container(alone)["args"]
+    assert granted(alone) == {("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS}
+    error = render_error({"leaderElection": {"enabled": False}, "replicaCount": 2})
+    assert "replicaCount above 1 needs leaderElection.enabled" in error
+    standbys = one(render({"replicaCount": 2}), "Deployment", FULLNAME)
+    assert standbys["spec"]["replicas"] == 2
 
 
 @pytest.mark.parametrize("case", sorted(MATRIX))
@@ -311,7 +338,8 @@ def test_secrets_are_only_ever_got_by_name_never_listed_or_watched(case):
 def test_reading_prometheus_secrets_can_be_turned_off():
     off = {"rbac": {"create": True, "readPrometheusSecrets": False}}
     assert granted(render(off)) == {
-        ("ClusterRoleBinding", ""): (NAMESPACED_RIGHTS | CLUSTER_RIGHTS) - {("", "secrets", "get")}
+        ("ClusterRoleBinding", ""): (NAMESPACED_RIGHTS | CLUSTER_RIGHTS) - {("", "secrets", "get")},
+        **LEADER,
     }
     namespaced = granted(render({**off, "watchNamespaces": ["team-a"]}))
     assert namespaced[("RoleBinding", "team-a")] == NAMESPACED_RIGHTS - {("", "secrets", "get")}
@@ -361,6 +389,7 @@ def test_namespaced_rbac_grants_namespaced_rights_only_in_the_watched_namespaces
         ("ClusterRoleBinding", ""): CLUSTER_RIGHTS | namespaces,
         ("RoleBinding", "team-a"): NAMESPACED_RIGHTS,
         ("RoleBinding", "team-b"): NAMESPACED_RIGHTS,
+        **LEADER,
     }
 
 
@@ -373,7 +402,8 @@ def test_peering_adds_only_peering_rights_and_creates_the_peering_object():
         for verb in peering_verbs
     }
     assert granted(cluster) == {
-        ("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS | extra
+        ("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS | extra,
+        **LEADER,
     }
     assert one(cluster, "ClusterKopfPeering")["metadata"]["name"] == "pd"
 
@@ -585,7 +615,12 @@ def test_kustomize_base_renders_the_operator_in_its_restricted_namespace():
 
 def test_kustomize_base_grants_the_same_rights_as_the_charts_default():
     chart, base = render(), kustomize()
-    assert granted(base) == granted(chart)
+    namespace = one(base, "Namespace")["metadata"]["name"]
+    # The same bindings, the release's namespace being the kustomize base's.
+    assert granted(base) == {
+        (kind, namespace if where == RELEASE_NAMESPACE else where): rights_
+        for (kind, where), rights_ in granted(chart).items()
+    }
 
     def aggregated(objects: list[dict]) -> dict[str, set[Rule]]:
         return {

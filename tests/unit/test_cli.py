@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from pd_operator.cli import main as cli
 from pd_operator.cli.main import main
 from traces import real_trace
 
@@ -199,3 +200,17 @@ def test_a_broken_profile_or_kubeconfig_is_named_in_one_line(
         f"pdctl run: --kubeconfig: {kubeconfig}: not YAML: line 2, column 1: expected the node"
         " content, but found '<stream end>'"
     )
+
+
+def test_leader_election_flags_are_checked_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "POD_NAMESPACE_FILE", tmp_path / "absent")
+    assert main(["run", "--leader-election-namespace", "ops"]) == 2
+    assert "--leader-election-namespace needs --leader-election" in capsys.readouterr().err
+    assert main(["run", "--leader-election"]) == 2
+    assert "needs --leader-election-namespace NAMESPACE" in capsys.readouterr().err
+    # In a pod, the Lease lives in the pod's own namespace.
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text("pd-operator-system\n")
+    monkeypatch.setattr(cli, "POD_NAMESPACE_FILE", namespace_file)
+    args = cli.build_parser().parse_args(["run", "--leader-election"])
+    assert cli._lease_namespace(args) == "pd-operator-system"

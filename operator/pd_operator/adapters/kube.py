@@ -77,6 +77,33 @@ def object_path(api_version: str, kind: str, namespace: str, name: str = "") -> 
     return f"{path}/{name}" if name else path
 
 
+def call_json(
+    api_client: client.ApiClient,
+    method: str,
+    path: str,
+    body: Any,
+    content_type: str = "application/json",
+    *,
+    query: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """One REST call with a JSON (or apply-patch) body; the answer as plain JSON.
+    ApiException on anything but 2xx."""
+    method, url, headers, payload, _ = api_client.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api_client.call_api(method, url, header_params=headers, body=payload)
+    data: bytes = response.read()  # type: ignore[no-untyped-call]
+    if not 200 <= response.status < 300:
+        raise ApiException.from_response(http_resp=response, body=data.decode(), data=None)
+    result: dict[str, Any] = json.loads(data) if data else {}
+    return result
+
+
 class KubeWriter:
     """The operator's only way to change the cluster."""
 
@@ -91,20 +118,7 @@ class KubeWriter:
         content_type: str,
         query: list[tuple[str, str]] | None = None,
     ) -> dict[str, Any]:
-        method, url, headers, payload, _ = self.api_client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api_client.call_api(method, url, header_params=headers, body=payload)
-        data: bytes = response.read()  # type: ignore[no-untyped-call]
-        if not 200 <= response.status < 300:
-            raise ApiException.from_response(http_resp=response, body=data.decode(), data=None)
-        result: dict[str, Any] = json.loads(data) if data else {}
-        return result
+        return call_json(self.api_client, method, path, body, content_type, query=query)
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply a complete manifest that we own, taking back conflicting fields."""

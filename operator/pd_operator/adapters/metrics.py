@@ -15,6 +15,9 @@ API_WRITES = Counter(
 )
 QUEUE_DEPTH = Gauge("pd_operator_workqueue_depth", "PDDeployments waiting to be reconciled.")
 MANAGED = Gauge("pd_operator_managed_pddeployments", "PDDeployments the operator manages.")
+LEADER = Gauge(
+    "pd_operator_leader", "1 while this replica holds the leader lease (always 1 without one)."
+)
 
 
 def total_writes() -> float:

@@ -31,6 +31,23 @@ if TYPE_CHECKING:
     from pd_operator.sim.workload import Request
 
 
+# Where a pod finds its own namespace (the service account token's projected volume).
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _lease_namespace(args: argparse.Namespace) -> str | None:
+    """The leader Lease's namespace; None without --leader-election."""
+    if not args.leader_election:
+        if args.leader_election_namespace:
+            raise UsageError("--leader-election-namespace needs --leader-election")
+        return None
+    if args.leader_election_namespace:
+        return str(args.leader_election_namespace)
+    if POD_NAMESPACE_FILE.is_file():
+        return POD_NAMESPACE_FILE.read_text().strip()
+    raise UsageError("--leader-election outside a pod needs --leader-election-namespace NAMESPACE")
+
+
 def _run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
@@ -52,6 +69,8 @@ def _run(args: argparse.Namespace) -> int:
         prometheus_ca_file=args.prometheus_ca_file,
         autoscale=not args.no_autoscale,
         count_other_pods=not args.ignore_other_pods,
+        lease_namespace=_lease_namespace(args),
+        lease_name=args.leader_election_id,
     )
     with about("--kubeconfig"):  # before anything listens: a bad config leaves nothing behind
         api = load_api_client(args.kubeconfig)
@@ -61,6 +80,11 @@ def _run(args: argparse.Namespace) -> int:
     state = OperatorState(api, config)
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     asyncio.run(run_operator(state, liveness_endpoint=liveness))
+    if state.lost_leadership:
+        print(
+            "pdctl run: lost the leader lease; exiting to start again as a standby", file=sys.stderr
+        )
+        return 1
     return 0
 
 
@@ -614,6 +638,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--health-port", type=port, default=8080, help="0 disables /healthz")
     run.add_argument(
         "--peering", help="kopf peering name for HA (default: standalone, one replica)"
+    )
+    run.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="elect a leader on a Lease: only the replica holding it reconciles and scales, "
+        "the others wait with warm caches (default: no election, run one replica)",
+    )
+    run.add_argument(
+        "--leader-election-namespace",
+        metavar="NAMESPACE",
+        help="the Lease's namespace (default: the operator pod's own)",
+    )
+    run.add_argument(
+        "--leader-election-id",
+        default="pd-operator",
+        help="the Lease's name (default: %(default)s)",
     )
     run.add_argument(
         "--prometheus-url", help="Prometheus for objects without spec.scaling.prometheus.url"

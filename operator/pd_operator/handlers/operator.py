@@ -9,6 +9,9 @@ and one reconcile path serves them all.
 
 import asyncio
 import logging
+import socket
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +29,7 @@ from pd_operator.adapters.credentials import (
     kube_secret_fetch,
 )
 from pd_operator.adapters.kube import KubeWriter, api_message
+from pd_operator.adapters.lease import LeaderLease, LeaseTiming
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.core.children import MANAGED_BY
 from pd_operator.handlers.autoscaler import Autoscaler
@@ -72,6 +76,11 @@ class OperatorConfig:
     # namespaces) instead of ours only. Off where the accelerator nodes run nothing else.
     count_other_pods: bool = True
     autoscale_tick_seconds: float = 1.0  # how often due objects are looked for
+    # Leader election: with a namespace, the replica holding the Lease `lease_name` there
+    # reconciles and autoscales; the others keep their caches warm and wait (`adapters/lease`).
+    lease_namespace: str | None = None
+    lease_name: str = "pd-operator"
+    lease_timing: LeaseTiming = field(default_factory=LeaseTiming)
 
 
 class OperatorState:
@@ -109,6 +118,21 @@ class OperatorState:
         )
         self.tasks: list[asyncio.Task[None]] = []
         self._failures: dict[ObjectKey, int] = {}
+        self.lease = (
+            LeaderLease(
+                api_client,
+                config.lease_namespace,
+                config.lease_name,
+                identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+                timing=config.lease_timing,
+            )
+            if config.lease_namespace
+            else None
+        )
+        self.leading = False
+        self.lost_leadership = False
+        # Set to stop the whole operator (kopf too): the leader lease was lost.
+        self.halt: asyncio.Event | None = None
 
     def prime(self) -> None:
         """List children, pods and nodes once before any reconcile, so that a restarted
@@ -217,12 +241,47 @@ class OperatorState:
         if self.config.autoscale:
             self.tasks.append(asyncio.create_task(self.autoscale()))
 
-    async def stop(self) -> None:
-        """Cancel the workers and wait for them."""
-        for task in self.tasks:
+    async def lead(self) -> None:
+        """Wait for the leader lease, work while holding it, and stop the operator when it
+        cannot be renewed within the deadline (another replica may be leading by then)."""
+        assert self.lease is not None
+        timing = self.lease.timing
+        while not await asyncio.to_thread(self.lease.try_acquire_or_renew):
+            await asyncio.sleep(timing.retry)
+        logger.info("leading: holding Lease %s as %s", self.lease.name, self.lease.identity)
+        self.leading = True
+        metrics.LEADER.set(1)
+        self.start()
+        renewed = time.monotonic()
+        while time.monotonic() - renewed < timing.renew_deadline:
+            await asyncio.sleep(timing.retry)
+            if await asyncio.to_thread(self.lease.try_acquire_or_renew):
+                renewed = time.monotonic()
+        logger.error(
+            "lost Lease %s (not renewed for %.0fs): stopping, to start again as a standby",
+            self.lease.name,
+            timing.renew_deadline,
+        )
+        self.leading, self.lost_leadership = False, True
+        metrics.LEADER.set(0)
+        await self._cancel(task for task in self.tasks if task is not asyncio.current_task())
+        if self.halt is not None:
+            self.halt.set()
+
+    async def _cancel(self, tasks: Any) -> None:
+        cancelled = list(tasks)
+        for task in cancelled:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*cancelled, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Cancel the workers and wait for them; give the leader lease up if held."""
+        await self._cancel(self.tasks)
         self.tasks.clear()
+        if self.lease is not None and self.leading:
+            self.leading = False
+            metrics.LEADER.set(0)
+            await asyncio.to_thread(self.lease.release)
         self.autoscaler.readers.close()  # removes the CA files written for Prometheus
 
 
@@ -252,7 +311,11 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         for resource in ours_only:
             settings.watching.label_selectors[resource] = MANAGED_SELECTOR
         await asyncio.to_thread(state.prime)
-        state.start()
+        if state.lease is None:
+            metrics.LEADER.set(1)
+            state.start()
+        else:
+            state.tasks.append(asyncio.create_task(state.lead()))
 
     @kopf.on.cleanup(registry=registry)
     async def shutdown(**_: Any) -> None:
@@ -327,16 +390,33 @@ async def run_operator(
     ready_flag: asyncio.Event | Any = None,
     liveness_endpoint: str | None = None,
 ) -> None:
-    """Run until `stop_flag` is set (or forever)."""
+    """Run until `stop_flag` is set (or forever), or until the leader lease is lost
+    (`state.lost_leadership`)."""
     registry = build_registry(state)
     namespaces = state.config.namespaces
-    await kopf.operator(
-        registry=registry,
-        clusterwide=not namespaces,
-        namespaces=namespaces,
-        standalone=state.config.peering_name is None,
-        peering_name=state.config.peering_name,
-        liveness_endpoint=liveness_endpoint,
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    )
+    state.halt = asyncio.Event()
+    forward = asyncio.create_task(_forward(stop_flag, state.halt)) if stop_flag else None
+    try:
+        await kopf.operator(
+            registry=registry,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            standalone=state.config.peering_name is None,
+            peering_name=state.config.peering_name,
+            liveness_endpoint=liveness_endpoint,
+            stop_flag=state.halt,
+            ready_flag=ready_flag,
+        )
+    finally:
+        if forward is not None:
+            forward.cancel()
+
+
+async def _forward(flag: Any, halt: asyncio.Event) -> None:
+    """Set `halt` once the caller's stop flag (an asyncio or threading Event) is set."""
+    if isinstance(flag, asyncio.Event):
+        await flag.wait()
+    else:
+        while not flag.is_set():
+            await asyncio.sleep(0.1)
+    halt.set()
