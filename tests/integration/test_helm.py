@@ -187,6 +187,8 @@ def test_install_skips_monitoring_objects_the_cluster_cannot_serve_and_says_so(h
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",  # the leader Lease's, in the release's namespace
+        "RoleBinding",
         "Service",
         "Deployment",
     }
@@ -213,8 +215,14 @@ def test_service_account_token_is_enough_to_reconcile_a_sample(
 ):
     kubeconfig = token_kubeconfig(cluster, release, tmp_path / "sa.kubeconfig")
     caplog.set_level(logging.WARNING)
-    operator = RunningOperator(str(kubeconfig), workers=2, resync_seconds=5).start()
+    # As the chart runs it: leader election on, the Lease in the release's namespace.
+    operator = RunningOperator(
+        str(kubeconfig), workers=2, resync_seconds=5, lease_namespace=release.namespace
+    ).start()
     try:
+        wait_for(
+            lambda: operator.state.leading, what="the Lease, taken with the ServiceAccount's rights"
+        )
         create_pdd(api_client, namespace, copy.deepcopy(SAMPLE))
         apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
         wait_for(
