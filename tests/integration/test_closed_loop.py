@@ -259,6 +259,12 @@ def test_prometheus_outage_holds_replicas_and_recovers(
             timeout=60,
             what="a Ready prefill and decode pod serving the load",
         )
+        # The breach grows prefill to 2, which then meets the SLO. (SLOMet can also read True
+        # in the first seconds, before a queue has built up at one replica: not the state
+        # this test starts the outage from.)
+        wait_for(
+            lambda: watcher.replicas()["prefill-s5000"] == 2, timeout=60, what="prefill grown to 2"
+        )
         wait_for(lambda: slo_met(api_client, namespace), timeout=60, what="SLOMet=True")
         assert watcher.replicas()["prefill-s5000"] == 2
 
