@@ -206,20 +206,25 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
+def _pool_metadata(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
+    """Name, labels and owner of a per-pool child (its Deployment and its budget)."""
+    name = pdd.metadata.name
+    return _metadata(
+        pdd, deployment_name(name, role, pool.name), child_labels(name, role, pool.name)
+    )
+
+
 def build_deployment(pdd: PDDeployment, role: Role, pool: PoolSpec, replicas: int) -> Manifest:
     """The Deployment of one pool, running `replicas` engine pods."""
     if replicas < 0:
         raise ValueError(f"replicas of {role} pool {pool.name!r} must be >= 0, got {replicas}")
-    name = pdd.metadata.name
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(
-            pdd, deployment_name(name, role, pool.name), child_labels(name, role, pool.name)
-        ),
+        "metadata": _pool_metadata(pdd, role, pool),
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": selector_labels(name, role, pool.name)},
+            "selector": {"matchLabels": selector_labels(pdd.metadata.name, role, pool.name)},
             # No surge: an extra pod needs a whole replica's worth of free cards, which a busy
             # accelerator pool rarely has, so it would sit Pending and stall the rollout.
             # Replacing one replica at a time frees its cards for the new pod first.
@@ -260,16 +265,13 @@ def build_service(pdd: PDDeployment, role: Role) -> Manifest:
 def build_disruption_budget(pdd: PDDeployment, role: Role, pool: PoolSpec) -> Manifest:
     """The PodDisruptionBudget of one pool: evictions take at most `maxUnavailable` of its
     Ready replicas at a time."""
-    name = pdd.metadata.name
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(
-            pdd, deployment_name(name, role, pool.name), child_labels(name, role, pool.name)
-        ),
+        "metadata": _pool_metadata(pdd, role, pool),
         "spec": {
             "maxUnavailable": pdd.spec.disruption_budget.max_unavailable,
-            "selector": {"matchLabels": selector_labels(name, role, pool.name)},
+            "selector": {"matchLabels": selector_labels(pdd.metadata.name, role, pool.name)},
             # A replica still loading its model (or failing) serves nothing: evicting it costs
             # nothing, and under the default policy it would hold a node drain up for as long.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",

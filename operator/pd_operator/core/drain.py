@@ -19,20 +19,16 @@ from pd_operator.core.engine_args import METRICS_PATH, engine_port
 # Requests routed just before the pod left the endpoints may still arrive: never idle earlier.
 SETTLE_SECONDS = 5
 KV_HANDOFF_SECONDS = 5
+
+
+def _request_gauges(*spellings: engine_metrics.EngineMetricNames) -> tuple[str, ...]:
+    return tuple(name for names in spellings for name in (names.running, names.waiting) if name)
+
+
 # The gauges that count a replica's requests, in every spelling an engine version uses.
 _BUSY_GAUGES: dict[Engine, tuple[str, ...]] = {
-    "VLLM": tuple(
-        name
-        for names in (engine_metrics.VLLM, engine_metrics.VLLM_UNDERSCORE)
-        for name in (names.running, names.waiting)
-        if name
-    ),
-    "SGLang": tuple(
-        name
-        for names in (engine_metrics.SGLANG, engine_metrics.SGLANG_UNDERSCORE)
-        for name in (names.running, names.waiting)
-        if name
-    ),
+    "VLLM": _request_gauges(engine_metrics.VLLM, engine_metrics.VLLM_UNDERSCORE),
+    "SGLang": _request_gauges(engine_metrics.SGLANG, engine_metrics.SGLANG_UNDERSCORE),
 }
 # argv: metrics URL, comma-separated gauge names, seconds to settle, seconds after idle, limit.
 # Idle is two reads in a row with every gauge at 0; an engine that no longer answers is done.
