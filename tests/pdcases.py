@@ -53,6 +53,12 @@ def mutate(path: str, value: Any) -> dict[str, Any]:
 
 POOL = {"name": "p", "accelerator": {"resourceName": "mthreads.com/gpu"}}
 
+
+def schedule(**fields: Any) -> dict[str, Any]:
+    """A schedule of the minimal document: 09:00-18:00 UTC, prefill pool p at least 2."""
+    return {"name": "peak", "start": "09:00", "end": "18:00", "prefill": {"p": 2}} | fields
+
+
 # (case id, document, the field path that the error must name)
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("engine-unknown", mutate("spec.model.engine", "TensorRT"), "spec.model.engine"),
@@ -169,6 +175,36 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "memory-not-quantity",
         mutate("spec.decode.pools.0.template", {"resources": {"requests": {"memory": "lots"}}}),
         "spec.decode.pools[0].template.resources.requests.memory",
+    ),
+    (
+        "schedule-unknown-pool",
+        mutate("spec.scaling.schedules", [schedule(prefill={"s5000": 2})]),
+        "spec.scaling",
+    ),
+    (
+        "schedule-floor-over-max",
+        mutate("spec.scaling.schedules", [schedule(decode={"d": 11})]),
+        "spec.scaling",
+    ),
+    (
+        "schedule-time-not-24h",
+        mutate("spec.scaling.schedules", [schedule(start="9:00")]),
+        "spec.scaling.schedules[0].start",
+    ),
+    (
+        "schedule-day-unknown",
+        mutate("spec.scaling.schedules", [schedule(days=["Monday"])]),
+        "spec.scaling.schedules[0].days[0]",
+    ),
+    (
+        "schedule-floor-negative",
+        mutate("spec.scaling.schedules", [schedule(prefill={"p": -1})]),
+        "spec.scaling.schedules[0].prefill",
+    ),
+    (
+        "schedule-duplicate-names",
+        mutate("spec.scaling.schedules", [schedule(), schedule()]),
+        "spec.scaling.schedules",
     ),
     ("name-not-dns-label", mutate("metadata.name", "GLM.Hetero"), "metadata.name"),
     ("name-too-long", mutate("metadata.name", "g" * 64), "metadata.name"),

@@ -148,6 +148,29 @@ def test_unknown_metrics_hold_replicas_and_set_the_condition(operator, api_clien
     )
 
 
+def test_an_open_schedule_warms_its_pool_even_without_metrics_and_status_names_it(
+    operator, api_client, namespace
+):
+    body = pdd_body("http://127.0.0.1:9")  # nothing listens there: no metrics at all
+    body["spec"]["scaling"]["schedules"] = [
+        {"name": "all-day", "start": "00:00", "end": "00:00", "prefill": {"s5000": 2}}
+    ]
+    create_pdd(api_client, namespace, body)
+    wait_for(
+        lambda: prefill_replicas(api_client, namespace) == 2,
+        timeout=40,
+        what="the schedule's floor of 2 prefill replicas",
+    )
+
+    scaled = wait_for(lambda: events(api_client, namespace, "ScaledUp"), what="a ScaledUp event")
+    assert scaled[0].message.startswith("prefill pool s5000: 1 -> 2: ")
+    assert "limited by schedule all-day" in scaled[0].message
+    # The floor holds: without metrics nothing else would move the pool either way.
+    obj = get_pdd(api_client, namespace, "glm-hetero")
+    assert condition(obj, "MetricsAvailable")["status"] == "False"
+    assert prefill_replicas(api_client, namespace) == 2
+
+
 def test_advisory_mode_records_but_does_not_apply(
     operator, api_client, namespace, prometheus, engine_metrics
 ):

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from pd_operator.api import parse_pddeployment
 from pd_operator.localcluster import LocalCluster
 from pd_operator.localcluster.processes import free_port
-from pdcases import CRD_PATH, INVALID, SAMPLES, load_sample, minimal
+from pdcases import CRD_PATH, INVALID, SAMPLES, load_sample, minimal, schedule
 from schema_tools import normalise
 
 GROUP, VERSION, PLURAL = "pdoperator.io", "v1alpha1", "pddeployments"
@@ -86,6 +86,16 @@ def test_apiserver_defaults_a_minimal_document_like_the_models(api_client, names
         "maxStepReplicas": 1,
         "steadyStabilizationSeconds": 60,
     }
+
+
+def test_apiserver_defaults_a_schedule_like_the_models(api_client, namespace):
+    document = minimal()
+    document["spec"]["scaling"] = {"schedules": [schedule(decode={"d": 3})]}
+    stored = create(api_client, namespace, document)
+    expected = parse_pddeployment(document).spec.model_dump(by_alias=True, mode="json")
+    assert normalise(stored["spec"]) == normalise(expected)
+    (defaulted,) = stored["spec"]["scaling"]["schedules"]
+    assert defaulted["timeZone"] == "UTC" and len(defaulted["days"]) == 7
 
 
 @pytest.mark.parametrize(("case", "document", "field"), INVALID, ids=[c[0] for c in INVALID])

@@ -21,6 +21,9 @@ NEEDS_APISERVER = {
     "node-selector-bad-key",
     "name-not-dns-label",
     "name-too-long",
+    "schedule-unknown-pool",
+    "schedule-floor-over-max",
+    "schedule-duplicate-names",
 }
 
 

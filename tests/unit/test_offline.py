@@ -6,15 +6,18 @@ import json
 import math
 import statistics
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.api.spec import PDDeploymentSpec, ScheduleSpec
 from pd_operator.cli.main import main
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, HARDWARE_PROFILES, MTT_S5000
+from pd_operator.core.learning import seed_load_seconds
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.sim.baselines import OperatorPolicy, StaticPeak, View
@@ -555,3 +558,58 @@ def test_progress_bar_redraws_one_line_on_a_terminal_and_prints_tenths_elsewhere
     printed = log.getvalue().splitlines()
     assert len(printed) == 11  # 0%, 10%, ..., 100%
     assert printed[0] == "hpa: t=0s of 600s, 0/600 done"
+
+
+def test_a_schedule_for_a_known_peak_serves_it_from_its_first_minute() -> None:
+    # A peak at 09:00 UTC: 0.5 then 6 requests/s of 8K-token prompts. Reacting to it waits for
+    # the latency to show it, then one model load, while the queue grows; a schedule for it has
+    # the replicas Ready at 09:00, started one load and one interval ahead.
+    spec = make_spec()
+    requests = load([0.5, 6.0], step_s=600)
+    timing = Timing(clock_s=datetime(2026, 11, 30, 9, 0, tzinfo=UTC).timestamp() - 600)
+    peak = ScheduleSpec(name="peak", start="09:00", end="09:10", prefill={"s5000": 3})
+    scheduled = spec.model_copy(
+        update={"scaling": spec.scaling.model_copy(update={"schedules": [peak]})}
+    )
+    reactive = simulate(spec, requests, "pd-operator", model=GLM_45_FP8, timing=timing)
+    ready = simulate(scheduled, requests, "pd-operator", model=GLM_45_FP8, timing=timing)
+    assert reactive.attainment()["both"] < 0.9
+    assert ready.attainment()["both"] == 1.0
+    load_s = seed_load_seconds(spec, spec.prefill.pools[0])
+    assert load_s is not None
+    grown, why = next(
+        (t, why)
+        for (t, sizes), (_, why) in zip(ready.timeline[1:], ready.reasons, strict=True)
+        if sizes["prefill/s5000"] == 3
+    )
+    assert 600 - load_s - 2 * spec.scaling.interval_seconds <= grown <= 600 - load_s
+    assert "prefill: s5000 1->3 limited by schedule peak" in why
+
+
+def test_pdctl_simulate_clock_sets_the_wall_time_schedules_read(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    document = yaml.safe_load(
+        (ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml").read_text()
+    )
+    pool = document["spec"]["prefill"]["pools"][0]["name"]
+    document["spec"].setdefault("scaling", {})["schedules"] = [
+        {"name": "peak", "start": "09:00", "end": "10:00", "prefill": {pool: 2}}
+    ]
+    path = tmp_path / "scheduled.yaml"
+    path.write_text(yaml.safe_dump(document))
+    argv = ["simulate", "--spec", str(path), "--model", "glm-4.5-fp8", "--rate", "0.2"]
+    argv += ["--duration", "300", "--explain"]
+    # The window's start at 08:58 UTC: the floor's lead (a load and an interval) has begun.
+    assert main([*argv, "--clock", "2026-11-30T08:58:00Z"]) == 0
+    captured = capsys.readouterr()
+    assert "limited by schedule peak" in captured.out
+    assert "without --clock" not in captured.err
+    # Without --clock the replay runs in 1970, at midnight: no floor, and a note says why.
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "schedule peak" not in captured.out
+    assert "without --clock the replay starts at 1970-01-01T00:00:00Z" in captured.err
+    with pytest.raises(SystemExit):
+        main([*argv, "--clock", "9am"])
+    assert "argument --clock: want an ISO 8601 time" in capsys.readouterr().err

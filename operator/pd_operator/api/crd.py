@@ -23,11 +23,16 @@ from pd_operator.api.document import (
 )
 from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.api.status import PDDeploymentStatus
-from pd_operator.api.types import DNS_LABEL_PATTERN
+from pd_operator.api.types import DNS_LABEL_PATTERN, QUALIFIED_NAME_PATTERN
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 
 # Keys of pydantic's JSON schema that a structural schema does not accept.
+# What a map's keys must be, in words, by the pattern they must match.
+KEY_MESSAGES = {
+    QUALIFIED_NAME_PATTERN: "keys must be qualified names such as example.com/name",
+    DNS_LABEL_PATTERN: "keys must be pool names: lowercase DNS labels such as s5000",
+}
 DROPPED_KEYS = {"title", "additionalProperties", "patternProperties", "propertyNames", "$defs"}
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -120,7 +125,9 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
         rules.append(
             {
                 "rule": f"self.all(k, k.size() <= {key_limit} && k.matches(r'{key_pattern}'))",
-                "message": "keys must be qualified names such as example.com/name",
+                "message": KEY_MESSAGES.get(
+                    key_pattern, f"keys must match {key_pattern}, at most {key_limit} characters"
+                ),
             }
         )
     if isinstance(additional, dict):

@@ -74,7 +74,7 @@ def describe_errors(error: ValidationError, prefix: str = "") -> list[str]:
     for item in error.errors():
         loc = ((prefix,) if prefix else ()) + tuple(item["loc"])
         # Strict-type and literal errors carry the rejected input; say what was given.
-        message = item["msg"]
+        message = item["msg"].removeprefix("Value error, ")  # pydantic's wrapping of ours
         if item["type"] in {"int_type", "string_type", "literal_error", "extra_forbidden"}:
             message += f" (got {item['input']!r})"
         lines.append(f"{error_path(loc)}: {message}")

@@ -6,6 +6,8 @@ Extra keys on the models carry Kubernetes schema extensions (CEL rules, list-map
 schema-only defaults; the CRD generator copies them through.
 """
 
+import re
+import zoneinfo
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -14,12 +16,14 @@ from pydantic import (
     Field,
     JsonValue,
     StrictStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
 from pd_operator.api.types import (
+    DNS_LABEL_PATTERN,
     ENV_NAME_PATTERN,
     WHOLE_NUMBER,
     LabelKey,
@@ -43,6 +47,7 @@ PERCENTILE_SHARES: dict[str, float] = {"P50": 0.5, "P90": 0.9, "P95": 0.95, "P99
 # Not "Off": YAML 1.1 parsers (PyYAML, go-yaml v2 in kubectl) read a bare Off as false.
 ScalingMode = Literal["Active", "Advisory", "Disabled"]
 Role = Literal["prefill", "decode"]
+ROLE_NAMES: tuple[Role, Role] = ("prefill", "decode")
 
 # An object-valued field whose nested defaults the apiserver should fill in even when the
 # user omits the whole object: `default: {}` makes the apiserver descend into it.
@@ -55,6 +60,12 @@ def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     if field_path:
         entry["fieldPath"] = field_path
     return entry
+
+
+def _check_unique(names: list[str], what: str) -> None:
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate {what}(s): {', '.join(duplicates)}")
 
 
 class SpecModel(BaseModel):
@@ -273,10 +284,7 @@ class RoleSpec(SpecModel):
     @field_validator("pools")
     @classmethod
     def _unique_names(cls, pools: list[PoolSpec]) -> list[PoolSpec]:
-        names = [pool.name for pool in pools]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"duplicate pool name(s): {', '.join(duplicates)}")
+        _check_unique([pool.name for pool in pools], "pool name")
         return pools
 
 
@@ -353,6 +361,77 @@ class PrometheusSpec(SpecModel):
     )
 
 
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+CLOCK_TIME_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+ClockTime = Annotated[StrictStr, Field(max_length=5, pattern=CLOCK_TIME_PATTERN)]
+PoolFloors = Annotated[dict[PoolName, Replicas], Field(max_length=8)]
+
+
+class ScheduleSpec(SpecModel):
+    """A recurring window in which pools keep at least some replicas: a known peak, pre-warmed."""
+
+    name: Annotated[StrictStr, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)] = (
+        Field(description="Schedule name, unique (a DNS label); decisions it holds name it.")
+    )
+    time_zone: Annotated[StrictStr, Field(min_length=1, max_length=64)] = Field(
+        "UTC", description="IANA time zone of start and end, e.g. Asia/Shanghai."
+    )
+    days: Annotated[list[Weekday], Field(min_length=1, max_length=7)] = Field(
+        default_factory=lambda: list(WEEKDAYS),
+        description="Days the window starts on (Mon..Sun); every day when absent.",
+        json_schema_extra={"x-kubernetes-list-type": "set", "default": list(WEEKDAYS)},
+    )
+    start: ClockTime = Field(description='Local start time, "HH:MM".')
+    end: ClockTime = Field(
+        description='Local end time, "HH:MM"; at or before start, the next day (00:00 to 00:00 '
+        "is a whole day)."
+    )
+    lead_seconds: Seconds | None = Field(
+        None,
+        description="How long before start the floors apply. Absent: the pool's model-load "
+        "time (as measured, the hardware profile's estimate before that) plus one decision "
+        "interval, so the replicas are Ready at start.",
+    )
+    prefill: PoolFloors = Field(
+        default_factory=dict, description="Fewest replicas per prefill pool, by pool name."
+    )
+    decode: PoolFloors = Field(
+        default_factory=dict, description="Fewest replicas per decode pool, by pool name."
+    )
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, name: str) -> str:
+        try:
+            zoneinfo.ZoneInfo(name)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {name!r}: use an IANA name such as UTC or Asia/Shanghai"
+            ) from None
+        return name
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _clock_time(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(CLOCK_TIME_PATTERN, value):
+            raise ValueError(f'want a 24-hour time "HH:MM", e.g. "09:00", got {value!r}')
+        return value
+
+    @field_validator("days")
+    @classmethod
+    def _unique_days(cls, days: list[Weekday]) -> list[Weekday]:
+        if len(set(days)) < len(days):
+            raise ValueError("each day at most once")
+        return days
+
+    @model_validator(mode="after")
+    def _some_floor(self) -> "ScheduleSpec":
+        if not self.prefill and not self.decode:
+            raise ValueError("a schedule needs a floor: prefill or decode replicas by pool name")
+        return self
+
+
 def _default_scale_up() -> StepPolicy:
     return StepPolicy(stabilization_seconds=0, max_step_replicas=4)
 
@@ -389,9 +468,21 @@ class ScalingSpec(SpecModel):
         },
     )
     prefill_to_decode_ratio: RatioGuardrail | None = None
+    schedules: Annotated[list[ScheduleSpec], Field(max_length=16)] = Field(
+        default_factory=list,
+        description="Windows in which pools keep more replicas (a floor over replicas.min), "
+        "started early enough for their replicas to be Ready when the window opens.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     prometheus: PrometheusSpec | None = Field(
         None, description="Metrics source; the operator's --prometheus-url when absent."
     )
+
+    @field_validator("schedules")
+    @classmethod
+    def _unique_schedule_names(cls, schedules: list[ScheduleSpec]) -> list[ScheduleSpec]:
+        _check_unique([schedule.name for schedule in schedules], "schedule name")
+        return schedules
 
 
 class DisruptionBudgetSpec(SpecModel):
@@ -422,8 +513,40 @@ class TerminationSpec(SpecModel):
     )
 
 
+def _schedule_rule(role: Role, check: str) -> str:
+    """A CEL rule over every schedule's floors of `role`: `check` holds for some pool `p` of the
+    role, for every pool name `k` a schedule `s` names (its floor: `s.<role>[k]`)."""
+    return (
+        "!has(self.scaling) || !has(self.scaling.schedules) || self.scaling.schedules.all(s, "
+        f"!has(s.{role}) || s.{role}.all(k, self.{role}.pools.exists(p, {check})))"
+    )
+
+
+def _schedule_rules(role: Role) -> list[JsonDict]:
+    return [
+        cel(
+            _schedule_rule(role, "p.name == k"),
+            f"every pool a schedule names under {role} must be a {role} pool",
+            ".scaling.schedules",
+        ),
+        cel(
+            _schedule_rule(
+                role, f"p.name == k && (!has(p.replicas) || s.{role}[k] <= p.replicas.max)"
+            ),
+            f"a schedule's {role} floor must not exceed that pool's replicas.max",
+            ".scaling.schedules",
+        ),
+    ]
+
+
 class PDDeploymentSpec(SpecModel):
     """A model served by a prefill role and a decode role, each with its own pools and SLO."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [*_schedule_rules("prefill"), *_schedule_rules("decode")]
+        }
+    )
 
     model: ModelSpec
     kv_transfer: KVTransferSpec = Field(
@@ -445,3 +568,25 @@ class PDDeploymentSpec(SpecModel):
     def pools(self, role: Role) -> list[PoolSpec]:
         """The pools of a role, in order of preference."""
         return self.prefill.pools if role == "prefill" else self.decode.pools
+
+    @field_validator("scaling")
+    @classmethod
+    def _schedules_name_pools(cls, scaling: ScalingSpec, info: ValidationInfo) -> ScalingSpec:
+        for index, schedule in enumerate(scaling.schedules):
+            for role in ROLE_NAMES:
+                if role not in info.data:
+                    continue  # the role itself is invalid, and said so
+                pools = {pool.name: pool for pool in info.data[role].pools}
+                for name, floor in getattr(schedule, role).items():
+                    where = f"schedules[{index}].{role}.{name}"
+                    if name not in pools:
+                        raise ValueError(
+                            f"{where}: no {role} pool is named {name!r}; "
+                            f"the {role} pools are {', '.join(pools)}"
+                        )
+                    if floor > pools[name].replicas.max:
+                        raise ValueError(
+                            f"{where}: {floor} is above the pool's replicas.max "
+                            f"{pools[name].replicas.max}; lower the floor or raise replicas.max"
+                        )
+        return scaling

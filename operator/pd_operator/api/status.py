@@ -8,7 +8,7 @@ from pydantic.alias_generators import to_camel
 from pd_operator.api.spec import Role
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-LimitedBy = Literal["none", "capacity", "ratio", "rate", "bounds", "metrics", "warmup"]
+LimitedBy = Literal["none", "capacity", "ratio", "rate", "bounds", "metrics", "warmup", "schedule"]
 
 
 class StatusModel(BaseModel):

@@ -3,6 +3,7 @@
 import argparse
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import TypeVar
 
 Number = TypeVar("Number", int, float)
@@ -35,6 +36,16 @@ share = _checked(float, lambda v: 0 < v <= 1, "a share greater than 0 and at mos
 tokens = _checked(float, lambda v: v >= 1, "a length of at least one token")
 count = _checked(int, lambda v: v >= 1, "a whole number of at least 1")
 port = _checked(int, lambda v: 0 <= v <= 65535, "a port from 1 to 65535, or 0 to disable it")
+
+
+def _unix_time(text: str) -> float:
+    moment = datetime.fromisoformat(text)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+wall_clock = _checked(
+    _unix_time, lambda v: True, "an ISO 8601 time such as 2026-12-01T08:30:00+08:00"
+)
 
 
 @contextmanager

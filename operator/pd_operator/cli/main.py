@@ -20,6 +20,7 @@ from pd_operator.cli.arguments import (
     prices,
     share,
     tokens,
+    wall_clock,
 )
 
 if TYPE_CHECKING:
@@ -364,7 +365,15 @@ def _simulate(args: argparse.Namespace) -> int:
         rate_window_s=args.rate_window,
         decision_interval_s=args.decision_interval,
         load_seconds=args.load_seconds,
+        # --clock names the measured window's start, which the replay reaches after the warm-up.
+        clock_s=0.0 if args.clock is None else args.clock - args.warmup,
     )
+    if spec.scaling.schedules and args.clock is None:
+        print(
+            "pdctl simulate: spec.scaling.schedules read the wall clock, and without --clock "
+            "the replay starts at 1970-01-01T00:00:00Z (a Thursday)",
+            file=sys.stderr,
+        )
     # A bar redrawn in place on a terminal; `--progress` forces a line per tenth elsewhere.
     bar = ProgressBar(sys.stderr) if args.progress or sys.stderr.isatty() else None
     results = []
@@ -534,6 +543,13 @@ def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]
         default=0.0,
         help="seconds of load replayed before the window and not counted (policies start warm); "
         "a trace with less before --start has its window moved to this many seconds in",
+    )
+    sim.add_argument(
+        "--clock",
+        type=wall_clock,
+        help="wall-clock time of the measured window's start, ISO 8601 (UTC without an "
+        "offset), e.g. 2026-12-01T08:30:00+08:00: the time spec.scaling.schedules read "
+        "(default: the replay starts at 1970-01-01T00:00:00Z)",
     )
     sim.add_argument("-o", "--format", choices=["table", "json"], default="table")
     sim.add_argument("--output", help="write the full JSON result (per request) here")

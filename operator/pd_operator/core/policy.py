@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
+from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, ReplicaBounds, Role
 from pd_operator.api.status import LimitedBy
 from pd_operator.core.allocation import (
     RatioRepair,
@@ -52,6 +52,7 @@ from pd_operator.core.learning import (
     seed_load_seconds,
 )
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory, pool_key
+from pd_operator.core.schedules import Floor, active_floors
 
 __all__ = ["Decision", "Observation", "PoolDecision", "PoolObservation", "decide"]
 
@@ -94,7 +95,15 @@ RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "warmup": "the breach waits for the replicas loading or just Ready",
 }
 # Which limit names a whole decision when pools were limited by different things.
-LIMIT_PRIORITY: tuple[LimitedBy, ...] = ("metrics", "capacity", "ratio", "warmup", "bounds", "rate")
+LIMIT_PRIORITY: tuple[LimitedBy, ...] = (
+    "metrics",
+    "capacity",
+    "ratio",
+    "warmup",
+    "schedule",
+    "bounds",
+    "rate",
+)
 
 
 @dataclass
@@ -112,6 +121,14 @@ class _Pool:
     limited_by: LimitedBy = "none"
     notes: list[str] = field(default_factory=list)
     steady_window: bool = False  # the short scale-down window let it shrink sooner
+    # A schedule's floor over replicas.min; `spec` then carries it as its min, so that every
+    # rule that keeps a pool at its min keeps it at the floor.
+    floor: Floor | None = None
+
+    def hold_at(self, floor: Floor) -> None:
+        self.floor = floor
+        bounds = ReplicaBounds(min=floor.replicas, max=self.spec.replicas.max)
+        self.spec = self.spec.model_copy(update={"replicas": bounds})
 
     @property
     def current(self) -> int:
@@ -142,6 +159,19 @@ class _Pool:
 
 def _clamp(pool: PoolSpec, value: int) -> int:
     return max(pool.replicas.min, min(pool.replicas.max, value))
+
+
+def _bound(pool: _Pool, note: str) -> None:
+    """Move the pool's value within its bounds; a schedule's floor says it held the pool."""
+    if pool.floor is not None and pool.value < pool.floor.replicas:
+        pool.move(pool.floor.replicas, "schedule", pool.floor.note)
+    pool.move(_clamp(pool.spec, pool.value), "bounds", note)
+
+
+def _expected_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec, memory: PoolMemory) -> float:
+    """How long a new replica of the pool takes to become Ready: as measured, else the
+    profiles' estimate, else DEFAULT_LOAD_SECONDS."""
+    return memory.load_seconds or seed_load_seconds(spec, pool) or DEFAULT_LOAD_SECONDS
 
 
 def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | None:
@@ -405,7 +435,7 @@ def _decide_role(
         for pool in pools:
             pool.raw = pool.value = pool.current
             pool.limited_by = "metrics"
-            pool.move(_clamp(pool.spec, pool.current), "bounds", "outside min/max")
+            _bound(pool, "outside min/max")
         return ledger, None
     slots = [p.slot() for p in pools]
     raw = {p.spec.name: p.placeable for p in pools}
@@ -445,6 +475,9 @@ def _decide_role(
         pool.value, pool.limited_by = pool.raw, limits.get(pool.spec.name, "none")
         if pool.limited_by != "none":
             pool.notes.append(RAW_LIMIT_NOTES[pool.limited_by])
+        elif pool.floor is not None and raw[pool.spec.name] < pool.raw:
+            pool.limited_by = "schedule"
+            pool.notes.append(pool.floor.note)
         pool.move(_stabilized(spec, pool, steady, now), "rate", "stabilization window")
         up, down = scaling.scale_up.max_step_replicas, scaling.scale_down.max_step_replicas
         pool.move(step_limit(pool.current, pool.value, up, down), "rate", "step limit")
@@ -455,7 +488,7 @@ def _decide_role(
         room = ceiling(pool.slot(), pool.placeable, ledger) if ledger is not None else None
         if room is not None and pool.value > room:
             pool.move(room, "capacity", f"room for {room} only")
-        pool.move(_clamp(pool.spec, pool.value), "bounds", "min/max")
+        _bound(pool, "min/max")
         if ledger is not None and pool.value > pool.placeable:
             ledger = ledger.take(pool.spec, pool.value - pool.placeable)
     return ledger, short
@@ -499,7 +532,7 @@ def _warm_up(spec: PDDeploymentSpec, pool: _Pool, now: float) -> PoolMemory:
     """The pool's warm-up memory after this decision; learns the load time when it can."""
     memory = pool.memory
     if pool.value > pool.current:
-        expected = memory.load_seconds or seed_load_seconds(spec, pool.spec) or DEFAULT_LOAD_SECONDS
+        expected = _expected_load_seconds(spec, pool.spec, memory)
         return PoolMemory(
             load_seconds=memory.load_seconds,
             scaled_up_at=now,
@@ -608,18 +641,31 @@ def _role_words(
     note = load.note + (f" since {stamp}" if stamp else "")
     moves = [f"{p.spec.name} {p.current}->{p.value}" for p in pools if p.value != p.current]
     limits = sorted({p.limited_by for p in pools} - {"none"})
-    limited = f" limited by {', '.join(limits)}" if limits else ""
+    schedules = sorted(
+        {p.floor.schedule.name for p in pools if p.floor and p.limited_by == "schedule"}
+    )
+    named = [
+        f"schedule {', '.join(schedules)}" if limit == "schedule" else limit for limit in limits
+    ]
+    limited = f" limited by {', '.join(named)}" if named else ""
     if any(p.steady_window and p.value < p.current for p in pools):
         limited += f", load steady: {window}s scale-down window"
     return f"{role}: {', '.join(moves) or 'hold'}{limited} ({note})"
 
 
 def decide(
-    spec: PDDeploymentSpec, observation: Observation, state: PolicyState, now: float
+    spec: PDDeploymentSpec,
+    observation: Observation,
+    state: PolicyState,
+    now: float,
+    *,
+    wall_clock: float | None = None,
 ) -> Decision | None:
     """Desired replicas of every pool for this interval; None when scaling is Disabled.
 
     Advisory decides exactly as Active: the caller records the decision and does not apply it.
+    `wall_clock` is the Unix time the schedules read; None: `now`, which is the operator's
+    (the simulator's `now` is replay seconds, the clock of its signals).
     """
     if spec.scaling.mode == "Disabled":
         return None
@@ -635,6 +681,16 @@ def decide(
         ]
         for role in ROLES
     }
+    floors = active_floors(
+        spec,
+        now if wall_clock is None else wall_clock,
+        lambda role, pool: _expected_load_seconds(spec, pool, state.pool(role, pool.name)),
+    )
+    for role in ROLES:
+        for pool in work[role]:
+            floor = floors.get((role, pool.spec.name))
+            if floor is not None and floor.replicas > pool.spec.replicas.min:
+                pool.hold_at(floor)
     ledger = _reserve([p for role in DECISION_ORDER for p in work[role]], observation.capacity)
     loads = {
         role: read_load(

@@ -117,9 +117,12 @@ class OperatorPolicy:
     warm_up: bool = True
     state: PolicyState = field(default_factory=PolicyState)
     reason: str = ""  # the decision's reason, as the PDDeployment's status would show it
+    clock_s: float = 0.0  # Unix time of the replay's second 0, for schedules
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
-        decision = decide(view.spec, view.observation, self.state, view.now)
+        decision = decide(
+            view.spec, view.observation, self.state, view.now, wall_clock=self.clock_s + view.now
+        )
         if decision is None:
             self.reason = "scaling is Disabled"
             return view.replicas

@@ -85,6 +85,9 @@ class Timing:
     decision_interval_s: float | None = None  # None: spec.scaling.intervalSeconds
     load_seconds: float | None = None  # None: the performance model's model-load time
     drain_s: float = 1800.0  # after the last arrival, how long unfinished requests may run
+    # Unix time of the replay's second 0: the wall clock `pd-operator`'s schedules
+    # (`spec.scaling.schedules`) read. 0 is 1970-01-01T00:00:00Z.
+    clock_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -487,7 +490,7 @@ def make_policy(
     base, _, option = name.partition(":")
     if base == "pd-operator":
         interval = timing.decision_interval_s or float(spec.scaling.interval_seconds)
-        return baselines.OperatorPolicy(interval_s=interval)
+        return baselines.OperatorPolicy(interval_s=interval, clock_s=timing.clock_s)
     if base == "static-peak":
         return baselines.StaticPeak(peak_replicas(spec, arrivals, room))
     if base == "hpa":
