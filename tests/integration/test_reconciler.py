@@ -85,6 +85,32 @@ def test_create_builds_placed_and_owned_children_and_reports_status(
     body = copy.deepcopy(HETERO)
     body["metadata"]["labels"] = {"team": "inference"}
     body["metadata"]["annotations"] = {"argocd.argoproj.io/tracking-id": "x"}
+    decode_pool = body["spec"]["decode"]["pools"][0]
+    decode_pool["template"] = {
+        **decode_pool.get("template", {}),
+        "imagePullSecrets": ["registry-creds"],
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+            }
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 10,
+                        "preference": {
+                            "matchExpressions": [
+                                {"key": "example.com/rack", "operator": "In", "values": ["a"]}
+                            ]
+                        },
+                    }
+                ]
+            }
+        },
+    }
     created = create_pdd(api_client, namespace, body)
 
     found = wait_for(
@@ -107,7 +133,14 @@ def test_create_builds_placed_and_owned_children_and_reports_status(
     hook = engine["lifecycle"]["pre_stop"]["_exec"]["command"]
     assert hook[:2] == ["python3", "-c"] and hook[-1] == "60"
     assert pod["termination_grace_period_seconds"] == 90
-    decode_engine = decode["spec"]["template"]["spec"]["containers"][0]
+    decode_pod = decode["spec"]["template"]["spec"]
+    assert decode_pod["image_pull_secrets"] == [{"name": "registry-creds"}]
+    (spread,) = decode_pod["topology_spread_constraints"]
+    assert spread["label_selector"]["match_labels"] == decode["spec"]["selector"]["match_labels"]
+    assert decode_pod["affinity"]["node_affinity"][
+        "preferred_during_scheduling_ignored_during_execution"
+    ]
+    decode_engine = decode_pod["containers"][0]
     assert decode_engine["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "kv_consumer" in " ".join(decode_engine["command"] + (decode_engine.get("args") or []))
 

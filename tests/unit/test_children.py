@@ -359,6 +359,33 @@ OVERRIDDEN_POOL = {
             {"name": "models", "mountPath": "/models"},
             {"name": "big-shm", "mountPath": "/dev/shm"},
         ],
+        "imagePullSecrets": ["registry-creds"],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"cost-centre": "ai"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "DoNotSchedule",
+            },
+            {
+                "maxSkew": 2,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"cost-centre": "ai"}},
+            },
+        ],
     },
 }
 
@@ -381,6 +408,13 @@ def test_template_overrides_reach_the_pod():
     assert spec["priorityClassName"] == "inference-high"
     assert pod["metadata"]["labels"]["cost-centre"] == "ai"
     assert pod["metadata"]["annotations"]["example.com/owner"] == "llm-team"
+    assert spec["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert spec["affinity"] == OVERRIDDEN_POOL["template"]["affinity"]
+    # A constraint without a selector spreads the pool's own pods; one with keeps its own.
+    zone, host = spec["topologySpreadConstraints"]
+    assert zone["labelSelector"] == {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}
+    assert zone["topologyKey"] == "topology.kubernetes.io/zone" and zone["maxSkew"] == 1
+    assert host["labelSelector"] == {"matchLabels": {"cost-centre": "ai"}}
 
 
 def test_our_labels_and_scrape_annotations_win_over_the_template():

@@ -224,6 +224,8 @@ class ContainerResources(SpecModel):
 
 
 PASSTHROUGH_OBJECT: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
+# A core/v1 object the apiserver checks when it gets the pod template, not here.
+Passthrough = Annotated[dict[str, Any], Field(json_schema_extra=PASSTHROUGH_OBJECT)]
 
 
 class PodTemplateOverrides(SpecModel):
@@ -251,12 +253,31 @@ class PodTemplateOverrides(SpecModel):
     )
     service_account_name: ShortText | None = None
     priority_class_name: ShortText | None = None
+    image_pull_secrets: Annotated[
+        list[Annotated[StrictStr, Field(min_length=1, max_length=253)]], Field(max_length=8)
+    ] = Field(
+        default_factory=list,
+        description="Names of Secrets in the PDDeployment's namespace to pull the images with.",
+    )
+    affinity: Passthrough | None = Field(
+        None,
+        description="Pod affinity (a core/v1 Affinity), besides the accelerator's "
+        "nodeSelector, e.g. podAntiAffinity to keep a pool's replicas on separate nodes.",
+    )
+    topology_spread_constraints: Annotated[
+        list[Passthrough],
+        Field(max_length=8),
+    ] = Field(
+        default_factory=list,
+        description="core/v1 TopologySpreadConstraints of the pool's pods; one without a "
+        "labelSelector spreads this pool's pods (its selector labels are filled in).",
+    )
     volumes: Annotated[
-        list[Annotated[dict[str, Any], Field(json_schema_extra=PASSTHROUGH_OBJECT)]],
+        list[Passthrough],
         Field(max_length=16),
     ] = Field(default_factory=list, description="Pod volumes (core/v1 Volume objects).")
     volume_mounts: Annotated[
-        list[Annotated[dict[str, Any], Field(json_schema_extra=PASSTHROUGH_OBJECT)]],
+        list[Passthrough],
         Field(max_length=16),
     ] = Field(default_factory=list, description="Engine container volume mounts (core/v1).")
 

@@ -203,6 +203,17 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
     ):
         if value:
             pod[field] = value
+    if template.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": name} for name in template.image_pull_secrets]
+    if template.affinity:
+        pod["affinity"] = template.affinity
+    if template.topology_spread_constraints:
+        # Without a selector a constraint counts no pods; the natural one is the pool's own.
+        own = {"matchLabels": selector_labels(pdd.metadata.name, role, pool.name)}
+        pod["topologySpreadConstraints"] = [
+            {"labelSelector": own, **constraint}
+            for constraint in template.topology_spread_constraints
+        ]
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
