@@ -1868,6 +1868,24 @@ def test_a_schedule_holds_its_floor_from_one_model_load_before_it_opens_until_it
     assert sizes[:9] == [4] * 9 and sizes[9] == 3 and sizes[-1] == 1  # 300 s after 17:59:30
 
 
+def test_a_floor_beyond_one_step_applies_at_once_and_is_said_once():
+    # Like a raised min, a floor is a bound: the step limit (4 per decision) does not apply.
+    spec = spec_of(
+        {
+            "scaling.schedules": [
+                {"name": "launch", "start": "00:00", "end": "00:00", "prefill": {"p": 9}}
+            ]
+        }
+    )
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    quiet = observe(spec, MONDAY_9, {("prefill", "p"): 1, ("decode", "d"): 1}, prefill=QUIET)
+    decision = decide(spec, quiet, state, MONDAY_9)
+    assert replicas(decision) == 9 and limit(decision) == "schedule"
+    assert decision is not None
+    (pool,) = [d for d in decision.pools if d.role == "prefill"]
+    assert pool.reason.count("schedule launch") == 1
+
+
 def test_a_schedule_is_a_floor_not_a_cap_and_applies_on_its_days_only():
     state = calibrated(OFFICE_HOURS, {"prefill": 1000.0, "decode": 500.0})
     busy = observe(

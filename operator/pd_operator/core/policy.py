@@ -154,7 +154,8 @@ class _Pool:
     def move(self, value: int, why: LimitedBy, note: str) -> None:
         if value != self.value:
             self.value, self.limited_by = value, why
-            self.notes.append(note)
+            if note not in self.notes:  # a floor may be said at the start and at the end
+                self.notes.append(note)
 
 
 def _clamp(pool: PoolSpec, value: int) -> int:
