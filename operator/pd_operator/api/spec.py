@@ -534,25 +534,26 @@ class TerminationSpec(SpecModel):
     )
 
 
-def _schedule_rule(role: Role, check: str) -> str:
-    """A CEL rule over every schedule's floors of `role`: `check` holds for some pool `p` of the
-    role, for every pool name `k` a schedule `s` names (its floor: `s.<role>[k]`)."""
+def _schedule_rule(role: Role, quantifier: str, check: str) -> str:
+    """A CEL rule over every pool name `k` a schedule `s` names under `role` (its floor:
+    `s.<role>[k]`): `check` holds for `quantifier` (all, exists) pool `p` of the role."""
     return (
         "!has(self.scaling) || !has(self.scaling.schedules) || self.scaling.schedules.all(s, "
-        f"!has(s.{role}) || s.{role}.all(k, self.{role}.pools.exists(p, {check})))"
+        f"!has(s.{role}) || s.{role}.all(k, self.{role}.pools.{quantifier}(p, {check})))"
     )
 
 
 def _schedule_rules(role: Role) -> list[JsonDict]:
+    # Two rules, so that an unknown pool name is not also reported as a floor over its max.
     return [
         cel(
-            _schedule_rule(role, "p.name == k"),
+            _schedule_rule(role, "exists", "p.name == k"),
             f"every pool a schedule names under {role} must be a {role} pool",
             ".scaling.schedules",
         ),
         cel(
             _schedule_rule(
-                role, f"p.name == k && (!has(p.replicas) || s.{role}[k] <= p.replicas.max)"
+                role, "all", f"p.name != k || !has(p.replicas) || s.{role}[k] <= p.replicas.max"
             ),
             f"a schedule's {role} floor must not exceed that pool's replicas.max",
             ".scaling.schedules",

@@ -12,7 +12,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -268,7 +268,7 @@ class OperatorState:
         if self.halt is not None:
             self.halt.set()
 
-    async def _cancel(self, tasks: Any) -> None:
+    async def _cancel(self, tasks: Iterable[asyncio.Task[None]]) -> None:
         cancelled = list(tasks)
         for task in cancelled:
             task.cancel()
