@@ -418,13 +418,14 @@ def _simulate(args: argparse.Namespace) -> int:
 PLAN_LENGTH_SAMPLES = 4000  # lengths drawn for `pdctl plan --length-cv`
 
 
-def _workload_from(args: argparse.Namespace) -> "Workload":
+def _workload_from(args: argparse.Namespace, requests: list["Request"]) -> "Workload":
+    """The planner's workload: `requests` (a trace's window) or the synthetic flags."""
     import random
 
     from pd_operator.core.planner import Workload
     from pd_operator.sim.workload import TokenLengths
 
-    if not args.trace:
+    if not requests:
         if args.length_cv <= 0:
             return Workload(args.rate, args.input_tokens, args.output_tokens, args.cache_hit)
         # A fixed sample of Gamma lengths (seed 0) stands for the distribution.
@@ -434,7 +435,6 @@ def _workload_from(args: argparse.Namespace) -> "Workload":
         rng = random.Random(0)
         pairs = [lengths.sample(rng)[:2] for _ in range(PLAN_LENGTH_SAMPLES)]
         return Workload.from_lengths(args.rate, pairs, args.cache_hit)
-    requests = _trace_requests(args)
     span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
     pairs = [(r.input_tokens, r.output_tokens) for r in requests]
     return Workload.from_lengths(len(requests) / span, pairs, args.cache_hit)
@@ -456,6 +456,12 @@ def _plan(args: argparse.Namespace) -> int:
         plan,
         plan_table,
     )
+    from pd_operator.sim.plan_replay import (
+        cheapest_replayed,
+        replay_shortfall,
+        replay_table,
+        step_line,
+    )
 
     model = MODEL_PROFILES[known(args.model, "--model", MODEL_PROFILES, "model profile")]
     candidates = []
@@ -468,8 +474,28 @@ def _plan(args: argparse.Namespace) -> int:
         output_per_million=args.output_price,
         blended_per_million=args.blended_price if args.blended_price > 0 else None,
     )
-    workload, target = _workload_from(args), Target(args.ttft_ms, args.itl_ms, args.share)
-    result = plan(workload, target, model, candidates, prices=prices)
+    if args.replay and not args.trace:
+        raise UsageError("--replay: replays a trace; give one with --trace")
+    requests = _trace_requests(args) if args.trace else []
+    workload = _workload_from(args, requests)
+    target = Target(args.ttft_ms, args.itl_ms, args.share)
+    replayed = None
+    if args.replay:
+        replayed = cheapest_replayed(
+            workload,
+            target,
+            model,
+            candidates,
+            requests,
+            model_name=args.model_name,
+            prices=prices,
+            progress=lambda step: print(f"pdctl plan: replayed {step_line(step)}", file=sys.stderr),
+        )
+    result = (
+        replayed.chosen.plan
+        if replayed
+        else plan(workload, target, model, candidates, prices=prices)
+    )
     if result is None:
         reason = no_plan_reason(workload, target, model, candidates)
         print(f"pdctl plan: no candidate mix meets the SLO: {reason}", file=sys.stderr)
@@ -481,9 +507,19 @@ def _plan(args: argparse.Namespace) -> int:
             parse_pddeployment(document)
         print(yaml.safe_dump(document, sort_keys=False), end="")
     elif args.format == "json":
-        print(json.dumps(result.to_dict(), indent=2))
+        document = result.to_dict()
+        if replayed is not None:
+            document["replay"] = replayed.to_dict()
+        print(json.dumps(document, indent=2))
     else:
         print(plan_table(result))
+        if replayed is not None:
+            print(replay_table(replayed))
+        elif requests:
+            print("checked by the queueing model only: --replay replays the trace through it")
+    if replayed is not None and not replayed.met:
+        print(f"pdctl plan: {replay_shortfall(replayed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -593,6 +629,13 @@ def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
         "--candidate",
         action="append",
         help="PROFILE[:price=P][:cards=N][:buy=P][:max=N] (repeatable)",
+    )
+    plan.add_argument(
+        "--replay",
+        action="store_true",
+        help="replay --trace through the plan's pools in the engine simulator, adding replicas "
+        "until the share holds (the queueing model assumes Poisson arrivals; the replay takes "
+        "prefix reuse from the trace's hash_ids, not --cache-hit)",
     )
     plan.add_argument("--input-price", type=non_negative, default=8.0, help="per million tokens")
     plan.add_argument("--cached-price", type=non_negative, default=2.0, help="per million tokens")

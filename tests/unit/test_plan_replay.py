@@ -1,0 +1,189 @@
+"""`pdctl plan --replay`: a plan replayed on its trace, and grown where bursts break it."""
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pd_operator.api.document import parse_pddeployment
+from pd_operator.cli.main import main
+from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
+from pd_operator.core.planner import (
+    Candidate,
+    Plan,
+    PoolPlan,
+    Target,
+    Workload,
+    deployment_document,
+    plan,
+)
+from pd_operator.sim.baselines import StaticPeak
+from pd_operator.sim.offline import simulate
+from pd_operator.sim.plan_replay import ReplaySearch, cheapest_replayed
+from pd_operator.sim.workload import Request
+
+MODEL_NAME = "zai-org/GLM-4.5-FP8"
+SLO = Target(ttft_ms=6000, itl_ms=20)
+CANDIDATES = [Candidate(MTT_S5000, card_hour_price=1.5), Candidate(H200_SXM, card_hour_price=3.5)]
+CANDIDATE_FLAGS = ["--candidate", "mtt-s5000:price=1.5", "--candidate", "h200:price=3.5"]
+
+
+def bursty(span_s: int = 900) -> list[Request]:
+    """A quiet Poisson stream of 4K prompts, and every 2 minutes 60 prompts of 8K within 3 s:
+    a mean rate the queueing model sizes one replica per role for."""
+    rng = random.Random(1)
+    requests, t = [], 0.0
+    while t < span_s:
+        t += rng.expovariate(0.5)
+        requests.append(Request(t, 4000, 200))
+    for start in range(60, span_s, 120):
+        requests += [Request(start + rng.uniform(0, 3), 8000, 200) for _ in range(60)]
+    return sorted(requests, key=lambda r: r.arrival_s)
+
+
+def steady(rate_rps: float, span_s: int = 900) -> list[Request]:
+    rng = random.Random(2)
+    requests, t = [], 0.0
+    while t < span_s:
+        t += rng.expovariate(rate_rps)
+        requests.append(Request(t, 4000, 200))
+    return requests
+
+
+def workload_of(requests: list[Request]) -> Workload:
+    span = requests[-1].arrival_s - requests[0].arrival_s
+    return Workload.from_lengths(
+        len(requests) / span, [(r.input_tokens, r.output_tokens) for r in requests]
+    )
+
+
+def plan_and_search(requests: list[Request]) -> tuple[Plan, ReplaySearch]:
+    """The queueing model's plan for `requests`, and the replay search's."""
+    workload = workload_of(requests)
+    planned = plan(workload, SLO, GLM_45_FP8, CANDIDATES)
+    search = cheapest_replayed(
+        workload, SLO, GLM_45_FP8, CANDIDATES, requests, model_name=MODEL_NAME
+    )
+    assert planned is not None and search is not None
+    return planned, search
+
+
+def replayed_share(pools: tuple[PoolPlan, ...], requests: list[Request], base: Plan) -> float:
+    sized = Plan(base.workload, base.target, pools, 0.0, 0.0, 0.0)
+    spec = parse_pddeployment(deployment_document(sized, name="x", model_name=MODEL_NAME)).spec
+    fixed = StaticPeak({(p.role, p.candidate.hardware.name): p.replicas for p in pools})
+    return simulate(spec, requests, fixed, model=GLM_45_FP8).attainment()["feasible"]
+
+
+def write_trace(path: Path, requests: list[Request]) -> Path:
+    rows = [
+        {
+            "timestamp": round(r.arrival_s * 1000),
+            "input_length": r.input_tokens,
+            "output_length": r.output_tokens,
+            "hash_ids": [],
+        }
+        for r in requests
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_bursts_the_queueing_model_misses_get_the_cheapest_plan_the_replay_confirms() -> None:
+    requests = bursty()
+    planned, search = plan_and_search(requests)
+    # As planned, the bursts break the SLO for many requests; the chosen plan holds it.
+    assert search.planned.pools == planned.pools
+    assert search.planned.both < 0.9
+    assert search.met and search.chosen.steps[-1].both >= 0.99
+    chosen = search.chosen.plan
+    assert chosen.cost_per_hour > planned.cost_per_hour
+    # No fixed deployment of one card type per role that costs less meets the share.
+    cheaper = [
+        (PoolPlan("prefill", p, n_p), PoolPlan("decode", d, n_d))
+        for p, d in itertools.product(CANDIDATES, CANDIDATES)
+        for n_p, n_d in itertools.product(range(1, 4), range(1, 4))
+        if n_p * 8 * p.price + n_d * 8 * d.price < chosen.cost_per_hour - 1e-9
+    ]
+    assert len(cheaper) >= 5
+    for pools in cheaper:
+        assert replayed_share(pools, requests, planned) < 0.99, pools
+
+
+def test_a_steady_poisson_load_keeps_the_queueing_model_s_plan() -> None:
+    planned, search = plan_and_search(steady(1.0))
+    assert search.met and not search.chosen.grown
+    assert search.chosen.plan.pools == planned.pools
+    assert search.replays == 1
+
+
+def test_a_decode_batch_swinging_past_the_itl_target_grows_decode_only() -> None:
+    """At 2 requests/s the queueing model's one decode replica runs a mean step of 15.7 ms,
+    under the 20 ms target; the batch swings around its mean, and the requests decoded in the
+    larger batches see steps over the target. The replay adds decode, not prefill."""
+    planned, search = plan_and_search(steady(2.0))
+    assert planned.itl_ms < SLO.itl_ms
+    assert search.planned.ttft >= 0.99 and search.planned.itl < 0.9
+    assert search.met
+
+    def replicas(pools: tuple[PoolPlan, ...], role: str) -> int:
+        return sum(p.replicas for p in pools if p.role == role)
+
+    chosen = search.chosen.plan.pools
+    assert replicas(chosen, "prefill") == replicas(planned.pools, "prefill")
+    assert replicas(chosen, "decode") > replicas(planned.pools, "decode")
+
+
+def test_pdctl_plan_replay_prints_and_deploys_the_grown_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_trace(tmp_path / "bursty.jsonl", bursty())
+    common = ["plan", "--trace", str(trace), *CANDIDATE_FLAGS]
+
+    assert main([*common, "--replay"]) == 0
+    out, err = capsys.readouterr()
+    assert "as planned  prefill mtt-s5000 x1" in out
+    assert "chosen      prefill" in out
+    assert "the queueing model (the trace's mean rate, Poisson arrivals) planned too few" in out
+    assert err.count("pdctl plan: replayed ") >= 2  # each replay said as it ends
+
+    assert main([*common, "--replay", "-o", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    replay = found["replay"]
+    assert replay["met"] and replay["steps"][-1]["both"] >= 0.99
+    assert replay["planned"]["both"] < 0.9
+    chosen = {f"{p['role']}/{p['profile']}": p["replicas"] for p in found["pools"]}
+    assert chosen == replay["steps"][-1]["pools"]
+
+    assert main([*common, "--replay", "-o", "yaml"]) == 0
+    spec = parse_pddeployment(yaml.safe_load(capsys.readouterr().out)).spec
+    deployed = {
+        f"{role}/{p.accelerator.profile}": p.replicas.max - 2
+        for role in ("prefill", "decode")
+        for p in spec.pools(role)
+    }
+    assert deployed == chosen
+
+    # Without --replay the table says that only the queueing model checked it.
+    assert main(common) == 0
+    assert "--replay replays the trace through it" in capsys.readouterr().out
+
+
+def test_pdctl_plan_replay_short_of_cards_says_which_flag_to_change(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_trace(tmp_path / "bursty.jsonl", bursty())
+    # 16 S5000 cards: one replica per role, and the bursts need more.
+    args = ["plan", "--trace", str(trace), "--candidate", "mtt-s5000:max=16", "--replay"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "no replayed plan meets the share with the candidates at their limits" in err
+    assert "--candidate PROFILE:max=N" in err
+
+
+def test_pdctl_plan_replay_needs_a_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--replay"]) == 2
+    assert "--replay: replays a trace; give one with --trace" in capsys.readouterr().err
