@@ -17,6 +17,7 @@ from pd_operator.core.planner import (
     PoolPlan,
     Target,
     Workload,
+    decode_itl_at,
     deployment_document,
     plan,
 )
@@ -44,12 +45,13 @@ def bursty(span_s: int = 900) -> list[Request]:
     return sorted(requests, key=lambda r: r.arrival_s)
 
 
-def steady(rate_rps: float, span_s: int = 900) -> list[Request]:
+def steady(rate_rps: float, prompt: int = 4000, output: int = 200) -> list[Request]:
+    """Ten minutes of Poisson arrivals of one length: what the queueing model assumes."""
     rng = random.Random(2)
     requests, t = [], 0.0
-    while t < span_s:
+    while t < 600:
         t += rng.expovariate(rate_rps)
-        requests.append(Request(t, 4000, 200))
+        requests.append(Request(t, prompt, output))
     return requests
 
 
@@ -113,28 +115,60 @@ def test_bursts_the_queueing_model_misses_get_the_cheapest_plan_the_replay_confi
         assert replayed_share(pools, requests, planned) < 0.99, pools
 
 
-def test_a_steady_poisson_load_keeps_the_queueing_model_s_plan() -> None:
-    planned, search = plan_and_search(steady(1.0))
-    assert search.met and not search.chosen.grown
-    assert search.chosen.plan.pools == planned.pools
-    assert search.replays == 1
+@pytest.mark.parametrize(
+    ("rate", "prompt", "output"),
+    [
+        (1, 4000, 200),
+        (2, 4000, 200),
+        (5, 4000, 200),
+        (1, 12000, 350),
+        (8, 12000, 350),
+        (0.5, 2000, 800),
+        (1, 2000, 800),
+    ],
+)
+def test_steady_poisson_loads_keep_the_queueing_model_s_plan(
+    rate: float, prompt: int, output: int
+) -> None:
+    """Where arrivals are what the queueing model assumes, its plan holds when replayed: one
+    replay, nothing grown. (Checked at the mean batch, as before, 5 of these 7 plans had too
+    little decode: 50-87% of the requests met the ITL target as planned.)"""
+    planned, search = plan_and_search(steady(rate, prompt, output))
+    assert search.planned.both >= 0.99
+    assert search.chosen.plan.pools == planned.pools and search.replays == 1
 
 
-def test_a_decode_batch_swinging_past_the_itl_target_grows_decode_only() -> None:
-    """At 2 requests/s the queueing model's one decode replica runs a mean step of 15.7 ms,
-    under the 20 ms target; the batch swings around its mean, and the requests decoded in the
-    larger batches see steps over the target. The replay adds decode, not prefill."""
-    planned, search = plan_and_search(steady(2.0))
-    assert planned.itl_ms < SLO.itl_ms
-    assert search.planned.ttft >= 0.99 and search.planned.itl < 0.9
-    assert search.met
+def test_decode_is_planned_for_the_batch_s_swing_not_its_mean() -> None:
+    """At 2 requests/s one S5000 decode replica runs a mean step of 15.7 ms, under the 20 ms
+    target, but the batch swings around its mean, and the requests decoded in the larger
+    batches see slower steps: replayed, under 90% meet the target. The planner checks the step
+    that 99% of the requests meet, and plans a second replica."""
+    requests = steady(2.0)
+    workload = workload_of(requests)
+    s5000 = CANDIDATES[0]
+    assert decode_itl_at([s5000], [1], GLM_45_FP8, workload, share=0.5) < SLO.itl_ms
+    assert decode_itl_at([s5000], [1], GLM_45_FP8, workload, share=0.99) > SLO.itl_ms
+    planned, _ = plan_and_search(requests)
+    one = (PoolPlan("prefill", s5000, 1), PoolPlan("decode", s5000, 1))
+    assert replayed_share(one, requests, planned) < 0.9
+    assert [(p.role, p.replicas) for p in planned.pools if p.candidate == s5000] == [
+        ("prefill", 1),
+        ("decode", 2),
+    ]
 
-    def replicas(pools: tuple[PoolPlan, ...], role: str) -> int:
-        return sum(p.replicas for p in pools if p.role == role)
 
-    chosen = search.chosen.plan.pools
-    assert replicas(chosen, "prefill") == replicas(planned.pools, "prefill")
-    assert replicas(chosen, "decode") > replicas(planned.pools, "decode")
+def test_the_share_left_out_is_the_one_no_candidate_serves_in_time() -> None:
+    """One prompt in 50 is 80K tokens: an S5000 replica cannot prefill it within 6 s, an H200
+    one can. The search plans subsets of the candidates too (S5000 alone leaves those prompts
+    out), but what it reports as left out is what the fastest of all candidates misses."""
+    requests = [
+        Request(r.arrival_s, 80_000 if k % 50 == 0 else r.input_tokens, r.output_tokens)
+        for k, r in enumerate(steady(1.0))
+    ]
+    s5000_only = plan(workload_of(requests), SLO, GLM_45_FP8, CANDIDATES[:1])
+    assert s5000_only is not None and s5000_only.infeasible_share > 0.01
+    planned, search = plan_and_search(requests)
+    assert planned.infeasible_share == search.chosen.plan.infeasible_share == 0
 
 
 def test_pdctl_plan_replay_prints_and_deploys_the_grown_plan(

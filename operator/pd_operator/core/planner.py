@@ -17,10 +17,11 @@ the cheapest feasible one per role. How each estimate is made:
   TTFT is the one that the target's share of the requests meets (by default 99%, of those
   that an idle replica of the fastest candidate serves in time; the rest are reported as
   infeasible). Replicas are added until it meets the TTFT target.
-* Decode: each request holds a slot for `output * ITL` seconds (Little's law); the batch per
-  replica is the fixed point of `B = rate * E[output] * ITL(B) / replicas`, feasible when
-  ITL(B) meets the ITL target and B sequences fit in the KV cache, the context of a slot
-  averaged over the requests by how long each holds one (its output length).
+* Decode: each request holds a slot for `output * ITL` seconds (Little's law); the mean batch
+  per replica is the fixed point of `B = rate * E[output] * ITL(B) / replicas`, the context of
+  a slot averaged over the requests by how long each holds one (its output length). The batch
+  swings around B (`decode_itl_at`): the plan is feasible when the step at the batch that the
+  target's share of the requests see meets the ITL target, and that batch fits in the KV cache.
 * Cost per million tokens counts input and output tokens; revenue uses the token prices
   (CONTEXT.md: 8 CNY per million uncached input, 2 per million cached, 2.6 blended); payback is
   the purchase price of the cards over the hourly margin (revenue minus card-hour cost).
@@ -30,6 +31,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 from typing import Any
 
 from pd_operator.core.hardware import HardwareProfile, ModelProfile
@@ -348,46 +350,59 @@ def predicted_ttft_s(
 
 
 def decode_itl_at(
-    candidates: Sequence[Candidate], replicas: Sequence[int], model: ModelProfile, work: Workload
+    candidates: Sequence[Candidate],
+    replicas: Sequence[int],
+    model: ModelProfile,
+    work: Workload,
+    share: float = 0.5,
 ) -> float:
-    """ITL (ms) at the fixed point of Little's law; inf when the slots or the KV do not suffice.
+    """ITL (ms) that `share` of the requests meet; inf when the slots or the KV do not suffice.
 
-    A request holds a slot for as long as its output runs, so a slot's context (and the KV it
-    needs) is averaged over the length mix weighted by output length."""
+    The mean batch is the fixed point of Little's law. A request holds a slot for as long as its
+    output runs, so a slot's context (and the KV it needs) is averaged over the length mix
+    weighted by output length. The batch swings around its mean: the sequences decoding at once
+    are a Poisson count (an M/G/inf queue), shared evenly by the replicas, so a replica's batch
+    has the variance mean / replicas; a request's ITL averages the steps over its own life,
+    which leaves two thirds of it (service times taken as equal). A share above one half is met
+    at the batch that far above the mean (a normal approximation); at one half, the mean's."""
     classes = work.classes()
     held = sum(w * o for _, o, w in classes)
     context = round(sum(w * o * (i + o / 2) for i, o, w in classes) / held)
     footprint = round(sum(w * o * (i + o) for i, o, w in classes) / held)
     output = held  # mean output tokens per request
-    worst = 0.0
     total = sum(replicas)
     if total == 0:
         return math.inf
+    pools = [(c, n) for c, n in zip(candidates, replicas, strict=True) if n > 0]
+    fits = {
+        c: min(
+            MAX_DECODE_BATCH,
+            max_concurrent_sequences(c.hardware, model, c.cards_per_replica, footprint),
+        )
+        for c, _ in pools
+    }
+
+    def itl_at(batch: float) -> float:
+        """The slowest pool's step with `batch` sequences (rounded up) on each replica."""
+        b = max(1, math.ceil(batch))
+        if any(b > fits[c] for c, _ in pools):
+            return math.inf
+        return max(
+            decode_itl_ms(c.hardware, model, c.cards_per_replica, b, context) for c, _ in pools
+        )
+
     # The router spreads sequences evenly over replicas; each pool's batch follows its ITL.
     itl = 20.0
     for _ in range(50):
-        batch = work.rate_rps * output * itl / 1000 / total
-        itls = []
-        for candidate, n in zip(candidates, replicas, strict=True):
-            if n == 0:
-                continue
-            fits = max_concurrent_sequences(
-                candidate.hardware,
-                model,
-                candidate.cards_per_replica,
-                footprint,
-            )
-            b = max(1, math.ceil(batch))
-            if b > min(fits, MAX_DECODE_BATCH):
-                return math.inf
-            itls.append(
-                decode_itl_ms(candidate.hardware, model, candidate.cards_per_replica, b, context)
-            )
-        worst = max(itls)
-        if abs(worst - itl) < 1e-3:
+        worst = itl_at(work.rate_rps * output * itl / 1000 / total)
+        if math.isinf(worst) or abs(worst - itl) < 1e-3:
             break
         itl = worst
-    return worst
+    if share <= 0.5 or math.isinf(worst):
+        return worst
+    mean = work.rate_rps * output * worst / 1000 / total
+    swing = NormalDist().inv_cdf(share) * math.sqrt(2 * mean / 3 / total)
+    return itl_at(mean + swing)
 
 
 def _options(candidates: Sequence[Candidate]) -> list[tuple[Candidate, ...]]:
@@ -488,7 +503,7 @@ def _search(
         return ttft if ttft <= target.ttft_ms else None
 
     def decode_ok(option: Sequence[Candidate], counts: Sequence[int]) -> float | None:
-        itl = decode_itl_at(option, counts, model, workload)
+        itl = decode_itl_at(option, counts, model, workload, target.share)
         return itl if itl <= target.itl_ms else None
 
     # Decode first: it is usually the scarcer pool on shared card types.
@@ -588,7 +603,9 @@ def no_plan_reason(
         for c in candidates
     }
     if found.role == "decode":
-        itl = {c: decode_itl_at([c], [limits[c]], model, workload) for c in candidates}
+        itl = {
+            c: decode_itl_at([c], [limits[c]], model, workload, target.share) for c in candidates
+        }
         return _largest_pools("decode", "ITL", target.itl_ms, itl, limits)
     ttft = {
         c: predicted_ttft_s([found.stats[c]], [limits[c]], workload.rate_rps, target.share) * 1000
@@ -639,7 +656,7 @@ def evaluate(
         target.share,
     )
     itl = decode_itl_at(
-        [p.candidate for p in decode], [p.replicas for p in decode], model, workload
+        [p.candidate for p in decode], [p.replicas for p in decode], model, workload, target.share
     )
     return ttft * 1000, itl
 
