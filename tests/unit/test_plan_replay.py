@@ -216,6 +216,9 @@ def test_pdctl_plan_replay_short_of_cards_says_which_flag_to_change(
     err = capsys.readouterr().err
     assert "no replayed plan meets the share with the candidates at their limits" in err
     assert "--candidate PROFILE:max=N" in err
+    # No document to apply comes out of a plan that misses.
+    assert main([*args, "-o", "yaml"]) == 1
+    assert capsys.readouterr().out == ""
 
 
 def test_pdctl_plan_replay_needs_a_trace(capsys: pytest.CaptureFixture[str]) -> None:

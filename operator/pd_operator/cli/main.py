@@ -500,7 +500,10 @@ def _plan(args: argparse.Namespace) -> int:
         reason = no_plan_reason(workload, target, model, candidates)
         print(f"pdctl plan: no candidate mix meets the SLO: {reason}", file=sys.stderr)
         return 1
-    if args.format == "yaml":
+    unmet = replayed is not None and not replayed.met
+    if args.format == "yaml" and unmet:
+        pass  # no document to apply: a pipeline that ignores the exit status would deploy it
+    elif args.format == "yaml":
         document = deployment_document(result, name=args.name, model_name=args.model_name)
         # Never print a document the CRD would reject; what it could reject comes from flags.
         with about(f"--name {args.name!r} or --model-name {args.model_name!r}"):
@@ -517,7 +520,7 @@ def _plan(args: argparse.Namespace) -> int:
             print(replay_table(replayed))
         elif requests:
             print("checked by the queueing model only: --replay replays the trace through it")
-    if replayed is not None and not replayed.met:
+    if replayed is not None and unmet:
         print(f"pdctl plan: {replay_shortfall(replayed)}", file=sys.stderr)
         return 1
     return 0
