@@ -6,6 +6,8 @@ from typing import Any
 
 import yaml
 
+from pd_operator.core.reconcile import ANNOTATION_DESIRED_REPLICAS
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted((ROOT / "config" / "samples").glob("*.yaml"))
 CRD_PATH = ROOT / "crds" / "pdoperator.io_pddeployments.yaml"
@@ -209,3 +211,23 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("name-not-dns-label", mutate("metadata.name", "GLM.Hetero"), "metadata.name"),
     ("name-too-long", mutate("metadata.name", "g" * 64), "metadata.name"),
 ]
+
+
+def pool_deployment(role: str, pool: str, replicas: int) -> dict[str, Any]:
+    """The Deployment of pool `pool` of `minimal` in namespace llm, as the reconciler made it,
+    with `replicas` all Ready."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": f"minimal-{role}-{pool}",
+            "namespace": "llm",
+            "labels": {"pdoperator.io/deployment": "minimal"},
+            "annotations": {ANNOTATION_DESIRED_REPLICAS: str(replicas)},
+            "ownerReferences": [
+                {"kind": "PDDeployment", "name": "minimal", "uid": "u1", "controller": True}
+            ],
+        },
+        "spec": {"replicas": replicas},
+        "status": {"replicas": replicas, "readyReplicas": replicas},
+    }

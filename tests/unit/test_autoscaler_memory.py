@@ -8,10 +8,9 @@ import pytest
 
 from pd_operator.adapters.cache import ClusterCache
 from pd_operator.adapters.prometheus import ReadReport
-from pd_operator.core.reconcile import ANNOTATION_DESIRED_REPLICAS
 from pd_operator.core.signals import NO_TRAFFIC, RoleSignals
 from pd_operator.handlers.autoscaler import Autoscaler
-from pdcases import minimal
+from pdcases import minimal, pool_deployment
 
 KEY = ("llm", "minimal")
 INTERVAL, WINDOW = 30, 300  # decision interval, scale-down stabilization (the defaults)
@@ -29,24 +28,6 @@ class IdleReader:
         return signals, ReadReport(queries=1)
 
 
-def deployment(role: str, pool: str, replicas: int) -> dict:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": f"minimal-{role}-{pool}",
-            "namespace": "llm",
-            "labels": {"pdoperator.io/deployment": "minimal"},
-            "annotations": {ANNOTATION_DESIRED_REPLICAS: str(replicas)},
-            "ownerReferences": [
-                {"kind": "PDDeployment", "name": "minimal", "uid": "u1", "controller": True}
-            ],
-        },
-        "spec": {"replicas": replicas},
-        "status": {"replicas": replicas, "readyReplicas": replicas},
-    }
-
-
 def cluster(status: dict | None = None) -> ClusterCache:
     """Three Ready replicas of each pool, min 1; `status` is what the object's status says."""
     body = copy.deepcopy(minimal())
@@ -58,8 +39,8 @@ def cluster(status: dict | None = None) -> ClusterCache:
         body["status"] = status
     cache = ClusterCache()
     cache.put_pdd(body)
-    cache.put_child(deployment("prefill", "p", 3))
-    cache.put_child(deployment("decode", "d", 3))
+    cache.put_child(pool_deployment("prefill", "p", 3))
+    cache.put_child(pool_deployment("decode", "d", 3))
     return cache
 
 

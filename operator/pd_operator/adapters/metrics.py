@@ -46,6 +46,26 @@ CAPACITY_AVAILABLE = Gauge(
     "1 when every pool could get the replicas the autoscaler wanted, else 0.",
     ["namespace", "pddeployment"],
 )
+POOL_REPLICAS = Gauge(
+    "pd_operator_pool_replicas",
+    "Replicas of a pool: its Deployment's (current), the Ready ones (ready), and the "
+    "autoscaler's last decision (recommended; applied only in Active mode).",
+    ["namespace", "pddeployment", "role", "pool", "state"],
+)
+POOL_STATES = ("current", "ready", "recommended")
+OBSERVED_LATENCY = Gauge(
+    "pd_operator_observed_latency_seconds",
+    "The role's latency at its SLO percentile over the SLO window (TTFT for prefill, ITL for "
+    "decode); absent when unknown.",
+    ["namespace", "pddeployment", "role"],
+)
+LATENCY_TARGET = Gauge(
+    "pd_operator_latency_target_seconds",
+    "The role's SLO target (TTFT for prefill, ITL for decode).",
+    ["namespace", "pddeployment", "role"],
+)
+# Series of one PDDeployment's roles: they go when the object goes (or stops being scaled).
+ROLE_GAUGES = (SLO_MET, METRICS_AVAILABLE, OBSERVED_LATENCY, LATENCY_TARGET)
 DECISIONS = Counter(
     "pd_operator_scaling_decisions_total",
     "Autoscaler decisions, by direction (up, down, hold) and what limited them.",

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from prometheus_client import Gauge
+
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ClusterCache, ObjectKey, Snapshot
 from pd_operator.adapters.credentials import (
@@ -36,7 +38,7 @@ from pd_operator.adapters.prometheus import (
     SignalTarget,
 )
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
-from pd_operator.api.spec import PrometheusSpec
+from pd_operator.api.spec import PDDeploymentSpec, PrometheusSpec
 from pd_operator.core.capacity import free_capacity
 from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.decision import Decision, Observation, PoolObservation
@@ -121,6 +123,8 @@ class Autoscaler:
         self._views: dict[ObjectKey, ScalingView] = {}
         self._parsed: dict[ObjectKey, tuple[tuple[str, int], PDDeployment | None]] = {}
         self._no_series_since: dict[ObjectKey, dict[str, float]] = {}
+        # The pools each object exports series for, so that a pool's go when it leaves the spec.
+        self._exported_pools: dict[ObjectKey, set[PoolKey]] = {}
         # What each object reads through and which Secrets it names, so that readers and
         # cached Secrets nobody uses any more are dropped.
         self._sources: dict[ObjectKey, tuple[ReaderKey | None, frozenset[tuple[str, str]]]] = {}
@@ -308,7 +312,7 @@ class Autoscaler:
         view.events = transition_events(
             previous_status, view, decision, observation, advisory=spec.scaling.mode == "Advisory"
         )
-        self._update_metrics(key, outcome, decision, observation)
+        self._update_metrics(key, spec, outcome, decision, observation)
         decided = dict(decision.replicas) if spec.scaling.mode == "Active" else None
         with self._lock:
             previous = self._views.get(key)
@@ -333,21 +337,32 @@ class Autoscaler:
     def _update_metrics(
         self,
         key: ObjectKey,
+        spec: PDDeploymentSpec,
         outcome: ScalingOutcome,
         decision: Decision,
         observation: Observation,
     ) -> None:
         for role, met in zip(ROLES, outcome.slo_met, strict=True):
-            labels = {"namespace": key[0], "pddeployment": key[1], "role": role}
-            if met is None:
-                with contextlib.suppress(KeyError):  # unknown is absent, not 0 or 1
-                    metrics.SLO_MET.remove(*labels.values())
-            else:
-                metrics.SLO_MET.labels(**labels).set(1 if met else 0)
-            metrics.METRICS_AVAILABLE.labels(**labels).set(0 if role in outcome.missing else 1)
+            labels = (key[0], key[1], role)
+            _set_or_remove(metrics.SLO_MET, labels, None if met is None else float(met))
+            metrics.METRICS_AVAILABLE.labels(*labels).set(0 if role in outcome.missing else 1)
+            signals = observation.signals[role]
+            latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
+            _set_or_remove(metrics.OBSERVED_LATENCY, labels, latency.value)
+            target = spec.slo.ttft if role == "prefill" else spec.slo.itl
+            metrics.LATENCY_TARGET.labels(*labels).set(target.target_milliseconds / 1000)
         metrics.CAPACITY_AVAILABLE.labels(namespace=key[0], pddeployment=key[1]).set(
             0 if outcome.capacity_short else 1
         )
+        for pool_key, seen in observation.pools.items():
+            values = (seen.replicas, seen.ready, decision.replicas.get(pool_key, seen.replicas))
+            for state, value in zip(metrics.POOL_STATES, values, strict=True):
+                metrics.POOL_REPLICAS.labels(*key, *pool_key, state).set(value)
+        exported = set(observation.pools)
+        with self._lock:
+            gone = self._exported_pools.get(key, set()) - exported
+            self._exported_pools[key] = exported
+        _remove_pools(key, gone)
         current = sum(p.replicas for p in observation.pools.values())
         wanted = sum(decision.replicas.values())
         direction = "up" if wanted > current else "down" if wanted < current else "hold"
@@ -386,3 +401,30 @@ class Autoscaler:
             self._decisions.pop(key, None)
             self._views.pop(key, None)
             self._no_series_since.pop(key, None)
+            pools = self._exported_pools.pop(key, set())
+        # A deleted (or no longer scaled) object's series would otherwise keep their last
+        # values, and an alert on them would fire for an object that is not there.
+        _remove_pools(key, pools)
+        for role in ROLES:
+            for gauge in metrics.ROLE_GAUGES:
+                _remove(gauge, (key[0], key[1], role))
+        _remove(metrics.CAPACITY_AVAILABLE, key)
+
+
+def _set_or_remove(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+    """Set a gauge's series, or remove it for an unknown value (absent, not 0)."""
+    if value is None:
+        _remove(gauge, labels)
+    else:
+        gauge.labels(*labels).set(value)
+
+
+def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    with contextlib.suppress(KeyError):  # never exported
+        gauge.remove(*labels)
+
+
+def _remove_pools(key: ObjectKey, pools: set[PoolKey]) -> None:
+    for pool_key in pools:
+        for state in metrics.POOL_STATES:
+            _remove(metrics.POOL_REPLICAS, (*key, *pool_key, state))
