@@ -208,6 +208,21 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         mutate("spec.scaling.schedules", [schedule(), schedule()]),
         "spec.scaling.schedules",
     ),
+    (
+        "seasonal-period-unknown",
+        mutate("spec.scaling.seasonal", {"period": "Month"}),
+        "spec.scaling.seasonal.period",
+    ),
+    (
+        "seasonal-no-season",
+        mutate("spec.scaling.seasonal", {"seasons": 0}),
+        "spec.scaling.seasonal.seasons",
+    ),
+    (
+        "seasonal-too-many-seasons",
+        mutate("spec.scaling.seasonal", {"seasons": 9}),
+        "spec.scaling.seasonal.seasons",
+    ),
     ("name-not-dns-label", mutate("metadata.name", "GLM.Hetero"), "metadata.name"),
     ("name-too-long", mutate("metadata.name", "g" * 64), "metadata.name"),
 ]

@@ -6,7 +6,7 @@ with the command that fixes it.
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kubernetes import client, config
@@ -53,6 +53,27 @@ def prometheus() -> Iterator[LocalPrometheus]:
         _unavailable("Prometheus", error)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def prometheus_with_history() -> Iterator[Callable[[str, str], LocalPrometheus]]:
+    """Starts a Prometheus of its own whose data folder holds `openmetrics` history (promtool
+    backfill), kept for `retention`: `make(openmetrics, retention)`."""
+    started: list[LocalPrometheus] = []
+
+    def make(openmetrics: str, retention: str) -> LocalPrometheus:
+        server = LocalPrometheus(retention=retention)
+        started.append(server)
+        try:
+            server.backfill(openmetrics)
+            server.start()
+        except LocalClusterError as error:
+            _unavailable("Prometheus with backfilled history", error)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

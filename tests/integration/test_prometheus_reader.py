@@ -1,10 +1,13 @@
 """The Prometheus reader against a real Prometheus scraping vLLM-named metrics."""
 
+import time
+
 import pytest
 
 from fakeengine import FakeEngine
 from kubetools import wait_for
 from pd_operator.adapters.prometheus import PrometheusReader, SignalTarget
+from pd_operator.core.seasonal import forecast
 from pd_operator.core.signals import ReadingKind
 from pd_operator.localcluster.processes import free_port
 
@@ -129,3 +132,58 @@ def test_prometheus_down_is_unavailable_never_zero():
         assert role_signals.ttft_seconds.kind is ReadingKind.UNAVAILABLE
         assert role_signals.requests_per_second.rate_or_zero() is None
     assert report.errors
+
+
+def counter_history(now: float, seasons: dict[int, float]) -> str:
+    """OpenMetrics samples of ns/seasonal's prefill prompt-token counter around this moment one
+    or more days ago, every 15 s: 1,000 tokens/s, rising to `seasons[k]` 300 s after it `k`
+    days ago."""
+    series = 'vllm_prompt_tokens_total{namespace="ns",deployment="seasonal",role="prefill"}'
+    lines, total = ["# TYPE vllm_prompt_tokens counter"], 0.0
+    for k in sorted(seasons, reverse=True):  # oldest first
+        moment = now - k * 86_400
+        for i in range(2400 // 15 + 1):  # from 10 minutes before to 30 after
+            t = moment - 600 + 15 * i
+            total += 15 * (seasons[k] if t > moment + 300 else 1000.0)
+            lines.append(f"{series} {total} {t:.3f}")
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+def test_seasons_are_read_from_the_history_prometheus_keeps(prometheus_with_history):
+    """Two days of backfilled history (promtool) and a third missing: the reader returns what
+    each role served from this moment one, two and three days ago, from grouped range
+    queries, and the forecast over them is the least of the two days' peaks."""
+    now = time.time()
+    server = prometheus_with_history(counter_history(now, {1: 5000.0, 2: 4000.0}), "4d")
+    engine = FakeEngine(
+        server, "seasonal-prefill", {"namespace": "ns", "deployment": "seasonal", "role": "prefill"}
+    )
+    try:
+        engine.ttft.labels(model_name="m").observe(0.2)  # a live series, for detection
+        reader = PrometheusReader(server.url)
+        seasonal = SignalTarget("ns", "seasonal", "VLLM", "P50", "P90", 10, seasonal=(86_400, 3))
+        signals, report = wait_for(
+            lambda: (found := reader.read([seasonal], now))[1].adapters and found,
+            timeout=20,
+            what="the engine detected",
+        )
+        assert report.errors == []
+        yesterday, before, third = signals[("ns", "seasonal", "prefill")].seasons
+        assert third == ()  # no history three days ago
+        for season, rise in ((yesterday, 5000.0), (before, 4000.0)):
+            offsets = [offset for offset, _ in season]
+            assert offsets[0] == pytest.approx(0, abs=1) and offsets[-1] == pytest.approx(
+                900, abs=1
+            )
+            assert dict(season)[offsets[0]] == pytest.approx(1000, rel=0.02)
+            assert max(value for _, value in season) == pytest.approx(rise, rel=0.02)
+        assert signals[("ns", "seasonal", "decode")].seasons == ((), (), ())
+        found = forecast((yesterday, before), lead_seconds=420, today=1000.0)
+        assert found is not None and found.tokens_per_second == pytest.approx(4000, rel=0.02)
+        assert forecast((yesterday, before, third), lead_seconds=420, today=1000.0) is None
+        # Without seasonal, nothing more is read.
+        plain = SignalTarget("ns", "seasonal", "VLLM", "P50", "P90", 10)
+        _, without = reader.read([plain], now)
+        assert report.queries == without.queries + 2 * 3  # a range query per role and season
+    finally:
+        engine.close()

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.api.spec import PDDeploymentSpec, ScheduleSpec
+from pd_operator.api.spec import PDDeploymentSpec, ScheduleSpec, SeasonalSpec
 from pd_operator.cli.main import main
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, HARDWARE_PROFILES, MTT_S5000
@@ -584,6 +584,72 @@ def test_a_schedule_for_a_known_peak_serves_it_from_its_first_minute() -> None:
     )
     assert 600 - load_s - 2 * spec.scaling.interval_seconds <= grown <= 600 - load_s
     assert "prefill: s5000 1->3 limited by schedule peak" in why
+
+
+DAY = 86_400.0
+NINE = 9 * 3600.0
+
+
+def daily_peak(peak_today: bool) -> list[Any]:
+    """Two days of 0.02 requests/s of 8K-token prompts with a 20-minute peak of 6 requests/s at
+    09:00 on the first day, and on the second unless it is a holiday."""
+
+    def day(peak: bool) -> list[float]:
+        rates = [0.02] * 72  # 20-minute steps
+        rates[27] = 6.0 if peak else 0.02
+        return rates
+
+    rates = day(True) + day(peak_today)
+    return list(
+        synthetic_requests(step_rate(rates, 1200), TokenLengths(8000, 300, 1.0, 1.0), seed=1)
+    )
+
+
+def seasonal(spec: PDDeploymentSpec) -> PDDeploymentSpec:
+    update = {"seasonal": SeasonalSpec(period="Day", seasons=1)}
+    return spec.model_copy(update={"scaling": spec.scaling.model_copy(update=update)})
+
+
+def changes(result: Any, start: float, end: float) -> list[tuple[float, int, str]]:
+    """(seconds from 09:00 on day two, prefill replicas, why) of each change in [start, end)."""
+    return [
+        (t - DAY - NINE, sizes["prefill/s5000"], why)
+        for (t, sizes), (_, why) in zip(result.timeline[1:], result.reasons, strict=True)
+        if DAY + NINE + start <= t < DAY + NINE + end
+    ]
+
+
+def test_a_peak_that_came_yesterday_is_pre_warmed_today_and_a_holiday_costs_minutes() -> None:
+    spec = make_spec()
+    requests = daily_peak(peak_today=True)
+    reactive = simulate(spec, requests, "pd-operator", model=GLM_45_FP8)
+    warmed = simulate(seasonal(spec), requests, "pd-operator", model=GLM_45_FP8)
+
+    def peak_attainment(result: Any) -> float:
+        peak = [o for o in result.outcomes if DAY + NINE <= o.arrival_s < DAY + NINE + 1200]
+        return sum(o.ttft_ok and o.itl_ok for o in peak) / len(peak)
+
+    assert peak_attainment(reactive) < 0.95
+    assert peak_attainment(warmed) >= 0.999
+    assert sum(warmed.card_hours.values()) <= 1.01 * sum(reactive.card_hours.values())
+    # The first replica for it starts one load and one interval ahead of 09:00.
+    load_s = seed_load_seconds(spec, spec.prefill.pools[0])
+    assert load_s is not None
+    lead = load_s + spec.scaling.interval_seconds
+    first = next(c for c in changes(warmed, -600, 600) if "limited by forecast" in c[2])
+    assert (
+        -lead - spec.scaling.interval_seconds <= first[0] <= -lead + spec.scaling.interval_seconds
+    )
+    assert "prefill: s5000 1->" in first[2]
+
+    # A holiday: the same pre-warming, lifted within two decisions of 09:00 when no load comes,
+    # and the pool is back at one replica within ten minutes.
+    holiday = simulate(
+        seasonal(spec), daily_peak(peak_today=False), "pd-operator", model=GLM_45_FP8
+    )
+    after = changes(holiday, -600, 3600)
+    assert max(t for t, _, why in after if "limited by forecast" in why) <= 2 * 30
+    assert after[-1][1] == 1 and after[-1][0] <= 600
 
 
 def test_pdctl_simulate_clock_sets_the_wall_time_schedules_read(

@@ -96,7 +96,7 @@ TWO = parse_pddeployment(DOCUMENT).spec
 def test_the_highest_open_floor_holds_each_pool_and_the_default_lead_is_a_load_and_an_interval():
     def floors(when: str, load: float = 300.0) -> dict[tuple[str, str], tuple[int, str]]:
         found = active_floors(TWO, at(when), lambda role, pool: load)
-        return {key: (floor.replicas, floor.schedule.name) for key, floor in found.items()}
+        return {key: (floor.replicas, floor.name) for key, floor in found.items()}
 
     assert floors("2026-11-30T12:30:00+00:00") == {
         ("prefill", "p"): (5, "peak"),

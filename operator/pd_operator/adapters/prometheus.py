@@ -9,7 +9,8 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import requests
@@ -17,12 +18,15 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from pd_operator.adapters import promql
+from pd_operator.core.seasonal import HORIZON_SECONDS, STEP_SECONDS, Season
 from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
 
 RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
 QUERY_TIMEOUT_SECONDS = 5
 NO_SERIES = "no series: "  # how an unavailable reading says its query found nothing
 QUERY_THREADS = 4  # queries of one cycle in flight at once
+# The rate window of the demand history seasonal forecasts read (`core.seasonal`).
+SEASON_RATE_WINDOW_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class SignalTarget:
     ttft_percentile: str
     itl_percentile: str
     window_seconds: int
+    # `spec.scaling.seasonal`: the period in seconds and how many past ones to read; None: none.
+    seasonal: tuple[int, int] | None = None
 
 
 @dataclass
@@ -115,7 +121,79 @@ class PrometheusReader:
                 continue
             report.adapters[engine] = adapter.name
             signals |= self._read_engine(adapter, group, now, report)
+            seasonal = [t for t in group if t.seasonal is not None]
+            if seasonal:
+                seasons = self._read_seasons(adapter, seasonal, now, report)
+                for key, found in seasons.items():
+                    signals[key] = replace(signals[key], seasons=found)
         return signals, report
+
+    def _read_seasons(
+        self,
+        adapter: promql.EngineMetrics,
+        targets: Sequence[SignalTarget],
+        now: float,
+        report: ReadReport,
+    ) -> dict[RoleKey, tuple[Season, ...]]:
+        """What each role served from this moment one, two, ... periods ago onwards: one
+        grouped range query per role, period and season, for every target at once."""
+        counters = {"prefill": adapter.prompt_tokens, "decode": adapter.generation_tokens}
+        jobs: list[tuple[str, str, int, int, float]] = []  # role, query, period, season, start
+        for period in sorted({t.seasonal[0] for t in targets if t.seasonal is not None}):
+            # As many seasons as the target of this period that reads the most.
+            deepest = max(t.seasonal[1] for t in targets if t.seasonal and t.seasonal[0] == period)
+            for role, counter in counters.items():
+                if not counter:
+                    continue
+                query = promql.counter_rate_query(counter, SEASON_RATE_WINDOW_SECONDS)
+                for season in range(1, deepest + 1):
+                    jobs.append((role, query, period, season, now - season * period))
+        results = list(
+            self._pool.map(
+                lambda job: self._send_range(job[1], job[4], job[4] + HORIZON_SECONDS), jobs
+            )
+        )
+        report.queries += len(jobs)
+        found: dict[tuple[RoleKey, int, int], Season] = {}
+        for (role, query, period, season, start), (result, error) in zip(
+            jobs, results, strict=True
+        ):
+            if error is not None:
+                report.errors.append(f"{query} (range from {start:.0f}): {error}")
+                continue
+            for series in result or []:
+                labels = series["metric"]
+                if labels.get("role") != role:
+                    continue
+                key = (labels.get("namespace", ""), labels.get("deployment", ""), role)
+                found[(key, period, season)] = tuple(
+                    (float(t) - start, float(v))
+                    for t, v in series["values"]
+                    if math.isfinite(float(v)) and float(v) >= 0
+                )
+        out: dict[RoleKey, tuple[Season, ...]] = {}
+        for t in targets:
+            if t.seasonal is None:
+                continue
+            period, count = t.seasonal
+            for role in counters:
+                key = (t.namespace, t.name, role)
+                out[key] = tuple(found.get((key, period, k), ()) for k in range(1, count + 1))
+        return out
+
+    def _send_range(
+        self, text: str, start: float, end: float
+    ) -> tuple[list[dict[str, Any]] | None, Exception | None]:
+        try:
+            result: list[dict[str, Any]] = self._client.custom_query_range(
+                text,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=f"{STEP_SECONDS}s",
+            )
+            return result, None
+        except (PrometheusApiClientException, requests.RequestException, ValueError) as error:
+            return None, error
 
     def _read_engine(
         self,
@@ -124,7 +202,7 @@ class PrometheusReader:
         now: float,
         report: ReadReport,
     ) -> dict[RoleKey, RoleSignals]:
-        values: dict[RoleKey, dict[str, Reading]] = {}
+        values: dict[RoleKey, dict[str, Any]] = {}  # RoleSignals fields by name
 
         # (signal, roles, query, keys): planned first, then sent concurrently, since each
         # query waits on Prometheus and none depends on another.

@@ -457,6 +457,25 @@ def _default_scale_up() -> StepPolicy:
     return StepPolicy(stabilization_seconds=0, max_step_replicas=4)
 
 
+SeasonPeriod = Literal["Day", "Week"]
+SEASON_SECONDS: dict[str, int] = {"Day": 86_400, "Week": 7 * 86_400}
+
+
+class SeasonalSpec(SpecModel):
+    """Pre-warming for load that comes back at the same time every day or week, read from the
+    history Prometheus keeps of the pools' demand."""
+
+    period: SeasonPeriod = Field(
+        "Day", description="What repeats: Day (every 24 hours) or Week (every 7 days)."
+    )
+    seasons: Annotated[int, Field(ge=1, le=8), WHOLE_NUMBER] = Field(
+        3,
+        description="Past periods that must each have shown a load for it to be expected again "
+        "(the least of them is). Prometheus must keep that much history: its default retention "
+        "(15 days) holds 14 days or 2 weeks.",
+    )
+
+
 def _default_scale_down() -> ScaleDownPolicy:
     return ScaleDownPolicy(
         stabilization_seconds=300, max_step_replicas=1, steady_stabilization_seconds=60
@@ -494,6 +513,12 @@ class ScalingSpec(SpecModel):
         description="Windows in which pools keep more replicas (a floor over replicas.min), "
         "started early enough for their replicas to be Ready when the window opens.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    seasonal: SeasonalSpec | None = Field(
+        None,
+        description="Pools start replicas one model load ahead of a load that the last seasons "
+        "all showed at this time of day (or week), scaled to how today compares with them so "
+        "far. Absent: no pre-warming from history.",
     )
     prometheus: PrometheusSpec | None = Field(
         None, description="Metrics source; the operator's --prometheus-url when absent."

@@ -8,7 +8,9 @@ from pydantic.alias_generators import to_camel
 from pd_operator.api.spec import Role
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-LimitedBy = Literal["none", "capacity", "ratio", "rate", "bounds", "metrics", "warmup", "schedule"]
+LimitedBy = Literal[
+    "none", "capacity", "ratio", "rate", "bounds", "metrics", "warmup", "schedule", "forecast"
+]
 
 
 class StatusModel(BaseModel):

@@ -30,6 +30,7 @@ from pd_operator.core.allocation import (
 )
 from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.control_law import (
+    EPSILON,
     HOLD_RATIO,
     PREFILL_GROW_SHARE,
     PREFILL_SHRINK_SHARE,
@@ -53,6 +54,8 @@ from pd_operator.core.learning import (
 )
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory, pool_key
 from pd_operator.core.schedules import Floor, active_floors
+from pd_operator.core.seasonal import forecast
+from pd_operator.core.signals import RoleSignals
 
 __all__ = ["Decision", "Observation", "PoolDecision", "PoolObservation", "decide"]
 
@@ -101,6 +104,7 @@ LIMIT_PRIORITY: tuple[LimitedBy, ...] = (
     "ratio",
     "warmup",
     "schedule",
+    "forecast",
     "bounds",
     "rate",
 )
@@ -165,7 +169,7 @@ def _clamp(pool: PoolSpec, value: int) -> int:
 def _bound(pool: _Pool, note: str) -> None:
     """Move the pool's value within its bounds; a schedule's floor says it held the pool."""
     if pool.floor is not None and pool.value < pool.floor.replicas:
-        pool.move(pool.floor.replicas, "schedule", pool.floor.note)
+        pool.move(pool.floor.replicas, pool.floor.limit, pool.floor.note)
     pool.move(_clamp(pool.spec, pool.value), "bounds", note)
 
 
@@ -418,6 +422,40 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
     return values[-1]
 
 
+def _seasonal_floors(
+    spec: PDDeploymentSpec,
+    pools: list[_Pool],
+    load: RoleLoad,
+    signals: RoleSignals | None,
+    *,
+    capacity: RoleCapacity,
+    prompt: float,
+    memory: RoleMemory,
+) -> None:
+    """Hold the role's pools at the replicas the seasonal forecast needs (`core.seasonal`),
+    filled in the pools' order of preference: a raised min, as a schedule's floor is."""
+    seasonal = spec.scaling.seasonal
+    if seasonal is None or signals is None or not signals.seasons or capacity.basis is None:
+        return  # no history, or no capacity estimate to turn tokens/s into replicas
+    lead = max(_expected_load_seconds(spec, p.spec, p.memory) for p in pools)
+    today = {"active": load.served_tokens_per_second, "idle": 0.0}.get(load.status)
+    expected = forecast(signals.seasons, lead + spec.scaling.interval_seconds, today)
+    if expected is None or expected.tokens_per_second <= 0:
+        return
+    slots = [p.slot() for p in pools]
+    grow_at, _ = _utilisation(spec, pools[0].role, capacity, prompt, slots, memory=memory)
+    needed = expected.tokens_per_second / grow_at
+    span = f"{seasonal.seasons} {seasonal.period.lower()}{'s' if seasonal.seasons > 1 else ''}"
+    for pool in pools:
+        if needed <= EPSILON or pool.weight <= 0:
+            break
+        replicas = min(pool.spec.replicas.max, math.ceil(needed / pool.weight - EPSILON))
+        needed -= replicas * pool.weight
+        if replicas > pool.spec.replicas.min:
+            note = f"seasonal forecast (the last {span} at this time) keeps at least {replicas}"
+            pool.hold_at(Floor(replicas, note, "forecast"))
+
+
 def _decide_role(
     spec: PDDeploymentSpec,
     pools: list[_Pool],
@@ -477,7 +515,7 @@ def _decide_role(
         if pool.limited_by != "none":
             pool.notes.append(RAW_LIMIT_NOTES[pool.limited_by])
         elif pool.floor is not None and raw[pool.spec.name] < pool.raw:
-            pool.limited_by = "schedule"
+            pool.limited_by = pool.floor.limit
             pool.notes.append(pool.floor.note)
         pool.move(_stabilized(spec, pool, steady, now), "rate", "stabilization window")
         up, down = scaling.scale_up.max_step_replicas, scaling.scale_down.max_step_replicas
@@ -642,9 +680,7 @@ def _role_words(
     note = load.note + (f" since {stamp}" if stamp else "")
     moves = [f"{p.spec.name} {p.current}->{p.value}" for p in pools if p.value != p.current]
     limits = sorted({p.limited_by for p in pools} - {"none"})
-    schedules = sorted(
-        {p.floor.schedule.name for p in pools if p.floor and p.limited_by == "schedule"}
-    )
+    schedules = sorted({p.floor.name for p in pools if p.floor and p.limited_by == "schedule"})
     named = [
         f"schedule {', '.join(schedules)}" if limit == "schedule" else limit for limit in limits
     ]
@@ -716,6 +752,17 @@ def decide(
     for role in ROLES:
         for pool in work[role]:
             pool.weight = capacities[role].per_replica[pool.spec.name]
+    if spec.scaling.seasonal is not None:
+        for role in ROLES:
+            _seasonal_floors(
+                spec,
+                work[role],
+                loads[role],
+                observation.signals.get(role),
+                capacity=capacities[role],
+                prompt=prompts[role],
+                memory=state.role(role),
+            )
     recents = {role: _recent(spec, state.role(role), loads[role], now) for role in ROLES}
     decode_short: LimitedBy | None = None
     for role in DECISION_ORDER:

@@ -22,21 +22,27 @@ from pd_operator.api.spec import (
     Role,
     ScheduleSpec,
 )
+from pd_operator.api.status import LimitedBy
 from pd_operator.core.children import PoolKey
 
 
 @dataclass(frozen=True)
 class Floor:
-    """The fewest replicas a schedule keeps a pool at now, and which schedule."""
+    """The fewest replicas a schedule (or the seasonal forecast, `core.seasonal`) keeps a pool
+    at now: a raised `replicas.min`."""
 
     replicas: int
-    schedule: ScheduleSpec
+    # In words, the same for the floor's whole window: it lands in status, and a text that
+    # changed every cycle would cost a status write every cycle.
+    note: str
+    limit: LimitedBy = "schedule"
+    name: str = ""  # the schedule's
 
-    @property
-    def note(self) -> str:
-        """The floor in words, the same for its whole window (it lands in status)."""
-        s = self.schedule
-        return f"schedule {s.name} ({s.start}-{s.end} {s.time_zone}) keeps at least {self.replicas}"
+
+def schedule_floor(schedule: ScheduleSpec, replicas: int) -> Floor:
+    s = schedule
+    note = f"schedule {s.name} ({s.start}-{s.end} {s.time_zone}) keeps at least {replicas}"
+    return Floor(replicas, note, "schedule", s.name)
 
 
 def windows(schedule: ScheduleSpec, first: date, last: date) -> Iterator[tuple[float, float]]:
@@ -92,5 +98,5 @@ def active_floors(
                     else float(schedule.lead_seconds)
                 )
                 if floor_open(schedule, now, lead):
-                    floors[(role, pool.name)] = Floor(replicas, schedule)
+                    floors[(role, pool.name)] = schedule_floor(schedule, replicas)
     return floors

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from pd_operator.core.engine_metrics import DEFAULT_BOUNDS
+from pd_operator.core.seasonal import Season
 
 
 class ReadingKind(StrEnum):
@@ -78,6 +79,9 @@ class RoleSignals:
     # The role's mean latency over the window (TTFT for prefill, ITL for decode), from the
     # histogram's sum and count: exact, unlike a percentile read inside a bucket.
     mean_latency_seconds: Reading = NOT_READ
+    # With `spec.scaling.seasonal`: what the role served (tokens/s) from this moment one, two,
+    # ... periods ago onwards (`core.seasonal.Season`); empty: not read or no history.
+    seasons: tuple[Season, ...] = ()
 
 
 # The resolution of any `histogram_quantile` the adapter reads, per engine and role.

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -10,7 +11,13 @@ from types import TracebackType
 
 import yaml
 
-from pd_operator.localcluster.processes import ManagedProcess, find_binary, free_port, http_ok
+from pd_operator.localcluster.processes import (
+    LocalClusterError,
+    ManagedProcess,
+    find_binary,
+    free_port,
+    http_ok,
+)
 
 START_TIMEOUT_SECONDS = 30
 
@@ -18,8 +25,11 @@ START_TIMEOUT_SECONDS = 30
 class LocalPrometheus:
     """Prometheus with a 1 s scrape interval; `set_targets` changes what it scrapes."""
 
-    def __init__(self, *, scrape_interval_seconds: int = 1, keep_dir: bool = False) -> None:
+    def __init__(
+        self, *, scrape_interval_seconds: int = 1, keep_dir: bool = False, retention: str = "2h"
+    ) -> None:
         self.scrape_interval_seconds = scrape_interval_seconds
+        self.retention = retention  # how long samples are kept (history a test backfills too)
         self.keep_dir = keep_dir
         self.dir = Path(tempfile.mkdtemp(prefix="pd-prometheus-"))
         self.targets_dir = self.dir / "targets"
@@ -73,7 +83,7 @@ class LocalPrometheus:
                 f"--config.file={config_path}",
                 f"--storage.tsdb.path={self.dir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
-                "--storage.tsdb.retention.time=2h",
+                f"--storage.tsdb.retention.time={self.retention}",
                 "--log.level=warn",
             ],
             self.dir,
@@ -86,6 +96,22 @@ class LocalPrometheus:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - began
+
+    def backfill(self, openmetrics: str) -> None:
+        """Write past samples (OpenMetrics text with timestamps, ending in `# EOF`) into the
+        data folder as blocks, with promtool; before `start`, as Prometheus reads blocks then."""
+        source = self.dir / "backfill.om"
+        source.write_text(openmetrics)
+        command = [str(find_binary("promtool")), "tsdb", "create-blocks-from", "openmetrics"]
+        done = subprocess.run(
+            [*command, str(source), str(self.dir / "data")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise LocalClusterError(f"promtool could not backfill: {done.stderr.strip()}")
 
     def set_targets(self, name: str, targets: list[str], labels: dict[str, str]) -> None:
         """Publish `host:port` targets with labels under `name`; replaced atomically."""

@@ -11,15 +11,16 @@ import itertools
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
+from pd_operator.api.spec import SEASON_SECONDS, PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation
 from pd_operator.core.learning import seed_capacity
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.seasonal import HORIZON_SECONDS, seasons_from_history
 from pd_operator.sim.offline_metrics import WindowStats
 from pd_operator.sim.workload import Request
 
@@ -27,6 +28,8 @@ ROLES: tuple[Role, Role] = ("prefill", "decode")
 # Baselines size for demand at this share of the profiled capacity, as the operator does
 # (core.control_law.TARGET_UTILISATION), so differences come from the loops, not the margin.
 UTILISATION = 0.8
+# Samples of served history past the deepest season dropped at once (not one per decision).
+SEASON_PRUNE_SAMPLES = 1000
 
 
 @dataclass(frozen=True)
@@ -118,16 +121,46 @@ class OperatorPolicy:
     state: PolicyState = field(default_factory=PolicyState)
     reason: str = ""  # the decision's reason, as the PDDeployment's status would show it
     clock_s: float = 0.0  # Unix time of the replay's second 0, for schedules
+    # What each role served (time, tokens/s) at each decision: the history Prometheus would
+    # keep, which `spec.scaling.seasonal` reads. Kept only with seasonal on.
+    served: dict[Role, list[tuple[float, float]]] = field(default_factory=dict)
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
+        observation = view.observation
+        seasonal = view.spec.scaling.seasonal
+        if seasonal is not None:
+            observation = self._with_seasons(
+                view, SEASON_SECONDS[seasonal.period], seasonal.seasons
+            )
         decision = decide(
-            view.spec, view.observation, self.state, view.now, wall_clock=self.clock_s + view.now
+            view.spec, observation, self.state, view.now, wall_clock=self.clock_s + view.now
         )
         if decision is None:
             self.reason = "scaling is Disabled"
             return view.replicas
         self.state, self.reason = decision.state, decision.reason
         return decision.replicas
+
+    def _with_seasons(self, view: View, period: int, seasons: int) -> Observation:
+        """The observation with each role's seasons read from the history kept so far, as the
+        operator reads them from Prometheus; then today's sample joins the history."""
+        signals = dict(view.observation.signals)
+        for role, read in signals.items():
+            history = self.served.setdefault(role, [])
+            found = seasons_from_history(history, view.now, period, seasons)
+            signals[role] = replace(read, seasons=found)
+            served = (
+                read.prompt_tokens_per_second
+                if role == "prefill"
+                else read.generation_tokens_per_second
+            ).rate_or_zero()
+            if served is not None:
+                history.append((view.now, served))
+            # Prometheus' retention: nothing older than the deepest season is read again.
+            old = bisect_left(history, (view.now - seasons * period - HORIZON_SECONDS,))
+            if old > SEASON_PRUNE_SAMPLES:
+                del history[:old]
+        return replace(view.observation, signals=signals)
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""Seasonal pre-warming (`spec.scaling.seasonal`): a load that came at this time in each of the
+last seasons is expected again, and its replicas are started one model load ahead of it.
+
+Prometheus keeps what each role served. For each of the last `seasons` periods (a day or a
+week), the adapter reads the role's demand from the same moment then to HORIZON_SECONDS later:
+one `Season` of samples. The forecast for the next `lead` seconds (a model load and a decision
+interval) is the least, over the seasons, of each one's peak within the lead: a load that one
+season lacked is not expected. It is scaled to how today compares so far: by today's demand over
+the seasons' demand at this moment, at most 1. That moment must itself have been busy (at least
+TRACKING_FLOOR of the peak): the quiet minutes before a peak say nothing of today, and there the
+forecast stands. A holiday's missing peak therefore ends the pre-warming a decision or two into
+it.
+
+Pure functions: the operator feeds them Prometheus' history, the simulator its own.
+"""
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The furthest ahead a forecast looks: a lead beyond it (a model load over 14 minutes) is
+# capped, and its replicas are Ready a little after the load they were started for.
+HORIZON_SECONDS = 900
+# Samples a season is read at, seconds apart (the default decision interval).
+STEP_SECONDS = 30
+# The seasons' demand at this moment, as a share of their peak, from which today's demand is
+# compared with it.
+TRACKING_FLOOR = 0.25
+
+# One past period's demand: (seconds after the moment one or more periods ago, tokens/s).
+Season = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The demand to have capacity for within the lead, and how it was made."""
+
+    tokens_per_second: float
+    peak: float  # the least of the seasons' peaks within the lead
+    scale: float  # today's demand over the seasons' at this moment, at most 1 (1: not compared)
+
+
+def forecast(
+    seasons: Sequence[Season], lead_seconds: float, today: float | None
+) -> Forecast | None:
+    """The forecast for the next `lead_seconds`, given today's demand now (tokens/s; None:
+    unknown, not compared). None when a season has no sample within the lead."""
+    if not seasons:
+        return None
+    lead = min(lead_seconds, HORIZON_SECONDS)
+    peaks = []
+    for season in seasons:
+        within = [value for offset, value in season if offset <= lead]
+        if not within:
+            return None
+        peaks.append(max(within))
+    peak = min(peaks)
+    then = min(min(season)[1] for season in seasons)  # each season's earliest sample
+    scale = 1.0
+    if today is not None and then > 0 and then >= TRACKING_FLOOR * peak:
+        scale = min(1.0, today / then)
+    return Forecast(peak * scale, peak, scale)
+
+
+def seasons_from_history(
+    history: Sequence[tuple[float, float]], now: float, period_seconds: float, seasons: int
+) -> tuple[Season, ...]:
+    """The last `seasons` periods' samples from a (time, tokens/s) history in time order, as
+    the adapter reads them from Prometheus; a season the history does not reach is empty."""
+    times = [t for t, _ in history]
+    out = []
+    for k in range(1, seasons + 1):
+        start = now - k * period_seconds
+        first = bisect.bisect_left(times, start)
+        last = bisect.bisect_right(times, start + HORIZON_SECONDS)
+        out.append(tuple((t - start, value) for t, value in history[first:last]))
+    return tuple(out)
