@@ -77,11 +77,12 @@ def test_no_forecast_without_a_sample_of_every_season():
 
 def test_seasons_from_history_are_the_horizon_after_each_period_ago():
     day = 86_400.0
-    history = [(float(t), float(t // day)) for t in range(0, 4 * 86_400, 30)]  # day number
+    times = [float(t) for t in range(0, 4 * 86_400, 30)]
+    values = [t // day for t in times]  # the day's number
     now = 3 * day + 3600
-    found = seasons_from_history(history, now, day, 3)
+    found = seasons_from_history(times, values, now, day, 3)
     assert [len(s) for s in found] == [HORIZON_SECONDS // 30 + 1] * 3
     assert [s[0] for s in found] == [(0.0, 2.0), (0.0, 1.0), (0.0, 0.0)]
     assert found[0][-1][0] == HORIZON_SECONDS
     # A history that does not reach back four days leaves the fourth season empty.
-    assert seasons_from_history(history, now, day, 4)[3] == ()
+    assert seasons_from_history(times, values, now, day, 4)[3] == ()

@@ -63,15 +63,19 @@ def forecast(
 
 
 def seasons_from_history(
-    history: Sequence[tuple[float, float]], now: float, period_seconds: float, seasons: int
+    times: Sequence[float],
+    values: Sequence[float],
+    now: float,
+    period_seconds: float,
+    seasons: int,
 ) -> tuple[Season, ...]:
-    """The last `seasons` periods' samples from a (time, tokens/s) history in time order, as
-    the adapter reads them from Prometheus; a season the history does not reach is empty."""
-    times = [t for t, _ in history]
+    """The last `seasons` periods' samples from a history of served tokens/s (`values` at
+    `times`, in time order), as the adapter reads them from Prometheus; a season the history
+    does not reach is empty."""
     out = []
     for k in range(1, seasons + 1):
         start = now - k * period_seconds
         first = bisect.bisect_left(times, start)
         last = bisect.bisect_right(times, start + HORIZON_SECONDS)
-        out.append(tuple((t - start, value) for t, value in history[first:last]))
+        out.append(tuple((times[i] - start, values[i]) for i in range(first, last)))
     return tuple(out)

@@ -121,9 +121,9 @@ class OperatorPolicy:
     state: PolicyState = field(default_factory=PolicyState)
     reason: str = ""  # the decision's reason, as the PDDeployment's status would show it
     clock_s: float = 0.0  # Unix time of the replay's second 0, for schedules
-    # What each role served (time, tokens/s) at each decision: the history Prometheus would
+    # What each role served (times, tokens/s) at each decision: the history Prometheus would
     # keep, which `spec.scaling.seasonal` reads. Kept only with seasonal on.
-    served: dict[Role, list[tuple[float, float]]] = field(default_factory=dict)
+    served: dict[Role, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     def decide(self, view: View) -> Mapping[PoolKey, int]:
         observation = view.observation
@@ -146,8 +146,8 @@ class OperatorPolicy:
         operator reads them from Prometheus; then today's sample joins the history."""
         signals = dict(view.observation.signals)
         for role, read in signals.items():
-            history = self.served.setdefault(role, [])
-            found = seasons_from_history(history, view.now, period, seasons)
+            times, values = self.served.setdefault(role, ([], []))
+            found = seasons_from_history(times, values, view.now, period, seasons)
             signals[role] = replace(read, seasons=found)
             served = (
                 read.prompt_tokens_per_second
@@ -155,11 +155,12 @@ class OperatorPolicy:
                 else read.generation_tokens_per_second
             ).rate_or_zero()
             if served is not None:
-                history.append((view.now, served))
+                times.append(view.now)
+                values.append(served)
             # Prometheus' retention: nothing older than the deepest season is read again.
-            old = bisect_left(history, (view.now - seasons * period - HORIZON_SECONDS,))
+            old = bisect_left(times, view.now - seasons * period - HORIZON_SECONDS)
             if old > SEASON_PRUNE_SAMPLES:
-                del history[:old]
+                del times[:old], values[:old]
         return replace(view.observation, signals=signals)
 
 
