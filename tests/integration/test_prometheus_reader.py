@@ -161,7 +161,9 @@ def test_seasons_are_read_from_the_history_prometheus_keeps(prometheus_with_hist
     try:
         engine.ttft.labels(model_name="m").observe(0.2)  # a live series, for detection
         reader = PrometheusReader(server.url)
-        seasonal = SignalTarget("ns", "seasonal", "VLLM", "P50", "P90", 10, seasonal=(86_400, 3))
+        seasonal = SignalTarget(
+            "ns", "seasonal", "VLLM", "P50", "P90", 10, seasonal=("Day", 3, "UTC")
+        )
         signals, report = wait_for(
             lambda: (found := reader.read([seasonal], now))[1].adapters and found,
             timeout=20,

@@ -10,7 +10,7 @@ import yaml
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.api.crd import render_crd
 from pd_operator.api.reference import render_reference
-from pdcases import CRD_PATH, INVALID, ROOT, SAMPLES, load_sample, minimal
+from pdcases import CRD_PATH, INVALID, ROOT, SAMPLES, load_sample, minimal, mutate, schedule
 from schema_tools import apply_defaults, crd_schema, normalise, strict
 
 # Rules that only CEL or list-map semantics express; the apiserver tier checks these for real.
@@ -64,6 +64,31 @@ def test_models_reject_invalid_documents_naming_the_field(case, document, field)
     with pytest.raises(InvalidSpecError) as raised:
         parse_pddeployment(document)
     assert any(field in problem for problem in raised.value.problems), raised.value.problems
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("spec.scaling.seasonal", {"timeZone": "Mars/Olympus"}, "spec.scaling.seasonal.timeZone"),
+        (
+            "spec.scaling.schedules",
+            [schedule(timeZone="Mars/Olympus")],
+            "spec.scaling.schedules[0].timeZone",
+        ),
+    ],
+)
+def test_an_unknown_time_zone_is_refused_by_the_operator_naming_the_field_and_the_fix(
+    path, value, field
+):
+    # No OpenAPI keyword or CEL function knows the IANA names: the apiserver accepts them, and
+    # the operator reports the object as invalid (the reconciler's Stalled condition says this).
+    with pytest.raises(InvalidSpecError) as raised:
+        parse_pddeployment(mutate(path, value))
+    (problem,) = raised.value.problems
+    assert problem.startswith(field)
+    assert "unknown time zone 'Mars/Olympus': use an IANA name such as UTC or Asia/Shanghai" in (
+        problem
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,9 @@
 """Seasonal forecasts (`core.seasonal`): the least of the seasons' peaks within the lead, scaled
 to how today compares with them."""
 
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
 import pytest
 
 from pd_operator.core.seasonal import (
@@ -8,6 +11,7 @@ from pd_operator.core.seasonal import (
     STEP_SECONDS,
     Season,
     forecast,
+    season_starts,
     seasons_from_history,
 )
 
@@ -75,14 +79,25 @@ def test_no_forecast_without_a_sample_of_every_season():
     assert forecast((season(300, 3000, at=0), ()), lead_seconds=330, today=0) is None
 
 
-def test_seasons_from_history_are_the_horizon_after_each_period_ago():
+def test_seasons_from_history_are_the_horizon_after_each_season_start():
     day = 86_400.0
     times = [float(t) for t in range(0, 4 * 86_400, 30)]
     values = [t // day for t in times]  # the day's number
     now = 3 * day + 3600
-    found = seasons_from_history(times, values, now, day, 3)
+    starts = season_starts(now, "Day", 3, "UTC")
+    assert starts == (now - day, now - 2 * day, now - 3 * day)
+    found = seasons_from_history(times, values, starts)
     assert [len(s) for s in found] == [HORIZON_SECONDS // 30 + 1] * 3
     assert [s[0] for s in found] == [(0.0, 2.0), (0.0, 1.0), (0.0, 0.0)]
     assert found[0][-1][0] == HORIZON_SECONDS
     # A history that does not reach back four days leaves the fourth season empty.
-    assert seasons_from_history(times, values, now, day, 4)[3] == ()
+    assert seasons_from_history(times, values, season_starts(now, "Day", 4, "UTC"))[3] == ()
+
+
+def test_a_season_is_the_same_local_time_across_a_daylight_saving_change():
+    # New York moved its clocks forward on 2026-03-08: 09:00 on the 7th was 47 hours before
+    # 09:00 on the 9th, not 48.
+    now = datetime(2026, 3, 9, 9, 0, tzinfo=ZoneInfo("America/New_York")).timestamp()
+    assert [(now - s) / 3600 for s in season_starts(now, "Day", 2, "America/New_York")] == [24, 47]
+    assert [(now - s) / 3600 for s in season_starts(now, "Day", 2, "UTC")] == [24, 48]
+    assert [(now - s) / 3600 for s in season_starts(now, "Week", 1, "America/New_York")] == [167]

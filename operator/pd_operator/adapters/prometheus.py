@@ -18,7 +18,7 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from pd_operator.adapters import promql
-from pd_operator.core.seasonal import HORIZON_SECONDS, STEP_SECONDS, Season
+from pd_operator.core.seasonal import HORIZON_SECONDS, STEP_SECONDS, Season, season_starts
 from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
 
 RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
@@ -39,8 +39,8 @@ class SignalTarget:
     ttft_percentile: str
     itl_percentile: str
     window_seconds: int
-    # `spec.scaling.seasonal`: the period in seconds and how many past ones to read; None: none.
-    seasonal: tuple[int, int] | None = None
+    # `spec.scaling.seasonal`: (period, seasons, time zone); None: no history to read.
+    seasonal: tuple[str, int, str] | None = None
 
 
 @dataclass
@@ -135,29 +135,25 @@ class PrometheusReader:
         now: float,
         report: ReadReport,
     ) -> dict[RoleKey, tuple[Season, ...]]:
-        """What each role served from this moment one, two, ... periods ago onwards: one
-        grouped range query per role, period and season, for every target at once."""
+        """What each role served from this local time one, two, ... periods ago onwards: one
+        grouped range query per role and season start, for every target at once (targets of
+        the same period and time zone share their starts)."""
         counters = {"prefill": adapter.prompt_tokens, "decode": adapter.generation_tokens}
-        jobs: list[tuple[str, str, int, int, float]] = []  # role, query, period, season, start
-        for period in sorted({t.seasonal[0] for t in targets if t.seasonal is not None}):
-            # As many seasons as the target of this period that reads the most.
-            deepest = max(t.seasonal[1] for t in targets if t.seasonal and t.seasonal[0] == period)
-            for role, counter in counters.items():
-                if not counter:
-                    continue
-                query = promql.counter_rate_query(counter, SEASON_RATE_WINDOW_SECONDS)
-                for season in range(1, deepest + 1):
-                    jobs.append((role, query, period, season, now - season * period))
+        starts = {t: season_starts(now, *t.seasonal) for t in targets if t.seasonal is not None}
+        jobs = [
+            (role, promql.counter_rate_query(counter, SEASON_RATE_WINDOW_SECONDS), start)
+            for role, counter in counters.items()
+            if counter
+            for start in sorted({s for found in starts.values() for s in found})
+        ]
         results = list(
             self._pool.map(
-                lambda job: self._send_range(job[1], job[4], job[4] + HORIZON_SECONDS), jobs
+                lambda job: self._send_range(job[1], job[2], job[2] + HORIZON_SECONDS), jobs
             )
         )
         report.queries += len(jobs)
-        found: dict[tuple[RoleKey, int, int], Season] = {}
-        for (role, query, period, season, start), (result, error) in zip(
-            jobs, results, strict=True
-        ):
+        found: dict[tuple[RoleKey, float], Season] = {}
+        for (role, query, start), (result, error) in zip(jobs, results, strict=True):
             if error is not None:
                 report.errors.append(f"{query} (range from {start:.0f}): {error}")
                 continue
@@ -166,20 +162,18 @@ class PrometheusReader:
                 if labels.get("role") != role:
                     continue
                 key = (labels.get("namespace", ""), labels.get("deployment", ""), role)
-                found[(key, period, season)] = tuple(
+                found[(key, start)] = tuple(
                     (float(t) - start, float(v))
                     for t, v in series["values"]
                     if math.isfinite(float(v)) and float(v) >= 0
                 )
-        out: dict[RoleKey, tuple[Season, ...]] = {}
-        for t in targets:
-            if t.seasonal is None:
-                continue
-            period, count = t.seasonal
-            for role in counters:
-                key = (t.namespace, t.name, role)
-                out[key] = tuple(found.get((key, period, k), ()) for k in range(1, count + 1))
-        return out
+        return {
+            (t.namespace, t.name, role): tuple(
+                found.get(((t.namespace, t.name, role), s), ()) for s in target_starts
+            )
+            for t, target_starts in starts.items()
+            for role in counters
+        }
 
     def _send_range(
         self, text: str, start: float, end: float

@@ -389,13 +389,26 @@ ClockTime = Annotated[StrictStr, Field(max_length=5, pattern=CLOCK_TIME_PATTERN)
 PoolFloors = Annotated[dict[PoolName, Replicas], Field(max_length=8)]
 
 
+def _known_time_zone(name: str) -> str:
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown time zone {name!r}: use an IANA name such as UTC or Asia/Shanghai"
+        ) from None
+    return name
+
+
+TimeZone = Annotated[StrictStr, Field(min_length=1, max_length=64)]
+
+
 class ScheduleSpec(SpecModel):
     """A recurring window in which pools keep at least some replicas: a known peak, pre-warmed."""
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)] = (
         Field(description="Schedule name, unique (a DNS label); decisions it holds name it.")
     )
-    time_zone: Annotated[StrictStr, Field(min_length=1, max_length=64)] = Field(
+    time_zone: TimeZone = Field(
         "UTC", description="IANA time zone of start and end, e.g. Asia/Shanghai."
     )
     days: Annotated[list[Weekday], Field(min_length=1, max_length=7)] = Field(
@@ -424,13 +437,7 @@ class ScheduleSpec(SpecModel):
     @field_validator("time_zone")
     @classmethod
     def _known_zone(cls, name: str) -> str:
-        try:
-            zoneinfo.ZoneInfo(name)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ValueError(
-                f"unknown time zone {name!r}: use an IANA name such as UTC or Asia/Shanghai"
-            ) from None
-        return name
+        return _known_time_zone(name)
 
     @field_validator("start", "end", mode="before")
     @classmethod
@@ -458,7 +465,7 @@ def _default_scale_up() -> StepPolicy:
 
 
 SeasonPeriod = Literal["Day", "Week"]
-SEASON_SECONDS: dict[str, int] = {"Day": 86_400, "Week": 7 * 86_400}
+SEASON_DAYS: dict[str, int] = {"Day": 1, "Week": 7}
 
 
 class SeasonalSpec(SpecModel):
@@ -466,7 +473,7 @@ class SeasonalSpec(SpecModel):
     history Prometheus keeps of the pools' demand."""
 
     period: SeasonPeriod = Field(
-        "Day", description="What repeats: Day (every 24 hours) or Week (every 7 days)."
+        "Day", description="What repeats: Day (the same local time each day) or Week (each week)."
     )
     seasons: Annotated[int, Field(ge=1, le=8), WHOLE_NUMBER] = Field(
         3,
@@ -474,6 +481,16 @@ class SeasonalSpec(SpecModel):
         "(the least of them is). Prometheus must keep that much history: its default retention "
         "(15 days) holds 14 days or 2 weeks.",
     )
+    time_zone: TimeZone = Field(
+        "UTC",
+        description="IANA time zone whose local time the load follows, e.g. Asia/Shanghai: "
+        "across a daylight-saving change, yesterday at 09:00 is 23 or 25 hours ago.",
+    )
+
+    @field_validator("time_zone")
+    @classmethod
+    def _known_zone(cls, name: str) -> str:
+        return _known_time_zone(name)
 
 
 def _default_scale_down() -> ScaleDownPolicy:

@@ -15,8 +15,12 @@ Pure functions: the operator feeds them Prometheus' history, the simulator its o
 """
 
 import bisect
+import zoneinfo
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pd_operator.api.spec import SEASON_DAYS
 
 # The furthest ahead a forecast looks: a lead beyond it (a model load over 14 minutes) is
 # capped, and its replicas are Ready a little after the load they were started for.
@@ -62,19 +66,23 @@ def forecast(
     return Forecast(peak * scale, peak, scale)
 
 
+def season_starts(now: float, period: str, seasons: int, time_zone: str) -> tuple[float, ...]:
+    """This moment's local time in `time_zone` one, two, ... `seasons` periods ago, as Unix
+    times: across a daylight-saving change a day is 23 or 25 hours."""
+    local = datetime.fromtimestamp(now, zoneinfo.ZoneInfo(time_zone))
+    days = SEASON_DAYS[period]
+    # Aware datetime arithmetic moves the wall clock; the zone then gives that day's offset.
+    return tuple((local - timedelta(days=k * days)).timestamp() for k in range(1, seasons + 1))
+
+
 def seasons_from_history(
-    times: Sequence[float],
-    values: Sequence[float],
-    now: float,
-    period_seconds: float,
-    seasons: int,
+    times: Sequence[float], values: Sequence[float], starts: Sequence[float]
 ) -> tuple[Season, ...]:
-    """The last `seasons` periods' samples from a history of served tokens/s (`values` at
-    `times`, in time order), as the adapter reads them from Prometheus; a season the history
-    does not reach is empty."""
+    """The seasons from `starts` (`season_starts`) in a history of served tokens/s (`values`
+    at `times`, in time order), as the adapter reads them from Prometheus; a season the
+    history does not reach is empty."""
     out = []
-    for k in range(1, seasons + 1):
-        start = now - k * period_seconds
+    for start in starts:
         first = bisect.bisect_left(times, start)
         last = bisect.bisect_right(times, start + HORIZON_SECONDS)
         out.append(tuple((times[i] - start, values[i]) for i in range(first, last)))

@@ -38,7 +38,7 @@ from pd_operator.adapters.prometheus import (
     SignalTarget,
 )
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
-from pd_operator.api.spec import SEASON_SECONDS, PDDeploymentSpec, PrometheusSpec
+from pd_operator.api.spec import PDDeploymentSpec, PrometheusSpec
 from pd_operator.core.capacity import free_capacity
 from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.decision import Decision, Observation, PoolObservation
@@ -255,7 +255,7 @@ class Autoscaler:
                 key[0], key[1], spec.model.engine, spec.slo.ttft.percentile,
                 spec.slo.itl.percentile, spec.slo.window_seconds,
                 seasonal=(
-                    (SEASON_SECONDS[seasonal.period], seasonal.seasons) if seasonal else None
+                    (seasonal.period, seasonal.seasons, seasonal.time_zone) if seasonal else None
                 ),
             )  # fmt: skip
             named = _named_secrets(key[0], spec.scaling.prometheus)

@@ -14,13 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from pd_operator.api.spec import SEASON_SECONDS, PDDeploymentSpec, PoolSpec, Role
+from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation
 from pd_operator.core.learning import seed_capacity
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
-from pd_operator.core.seasonal import HORIZON_SECONDS, seasons_from_history
+from pd_operator.core.seasonal import HORIZON_SECONDS, season_starts, seasons_from_history
 from pd_operator.sim.offline_metrics import WindowStats
 from pd_operator.sim.workload import Request
 
@@ -129,9 +129,10 @@ class OperatorPolicy:
         observation = view.observation
         seasonal = view.spec.scaling.seasonal
         if seasonal is not None:
-            observation = self._with_seasons(
-                view, SEASON_SECONDS[seasonal.period], seasonal.seasons
+            wall = season_starts(
+                self.clock_s + view.now, seasonal.period, seasonal.seasons, seasonal.time_zone
             )
+            observation = self._with_seasons(view, [start - self.clock_s for start in wall])
         decision = decide(
             view.spec, observation, self.state, view.now, wall_clock=self.clock_s + view.now
         )
@@ -141,13 +142,14 @@ class OperatorPolicy:
         self.state, self.reason = decision.state, decision.reason
         return decision.replicas
 
-    def _with_seasons(self, view: View, period: int, seasons: int) -> Observation:
-        """The observation with each role's seasons read from the history kept so far, as the
-        operator reads them from Prometheus; then today's sample joins the history."""
+    def _with_seasons(self, view: View, starts: list[float]) -> Observation:
+        """The observation with each role's seasons from `starts` (replay seconds) read from
+        the history kept so far, as the operator reads them from Prometheus; then today's
+        sample joins the history."""
         signals = dict(view.observation.signals)
         for role, read in signals.items():
             times, values = self.served.setdefault(role, ([], []))
-            found = seasons_from_history(times, values, view.now, period, seasons)
+            found = seasons_from_history(times, values, starts)
             signals[role] = replace(read, seasons=found)
             served = (
                 read.prompt_tokens_per_second
@@ -158,7 +160,7 @@ class OperatorPolicy:
                 times.append(view.now)
                 values.append(served)
             # Prometheus' retention: nothing older than the deepest season is read again.
-            old = bisect_left(times, view.now - seasons * period - HORIZON_SECONDS)
+            old = bisect_left(times, min(starts) - HORIZON_SECONDS)
             if old > SEASON_PRUNE_SAMPLES:
                 del times[:old], values[:old]
         return replace(view.observation, signals=signals)
