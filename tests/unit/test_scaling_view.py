@@ -1,6 +1,8 @@
 """What a decision puts into status: conditions, events on transitions only, and no status write
 for a steady object."""
 
+from dataclasses import replace
+
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.core.decision import Decision, Observation, PoolObservation
 from pd_operator.core.policy_state import PolicyState
@@ -136,3 +138,44 @@ def test_events_come_on_transitions_only():
     assert again == []
     advisory = transition_events(status_of(view), view, decision(2), seen, advisory=True)
     assert advisory[0].message == "prefill pool p: 1 -> 2 (advisory): because"
+
+
+def test_seasonal_history_says_whether_prometheus_holds_every_season():
+    seasonal = parse_pddeployment(
+        {
+            **minimal(),
+            "metadata": {"name": "m", "namespace": "llm"},
+            "spec": {**minimal()["spec"], "scaling": {"seasonal": {"seasons": 3}}},
+        }
+    ).spec
+    sample = ((0.0, 300.0), (30.0, 300.0))
+
+    def history(prefill: int, decode: int, itl: Reading | None = None) -> dict:
+        seen = observation(Reading.of(0.5), itl or Reading.of(0.01))
+        signals = {
+            "prefill": replace(
+                seen.signals["prefill"], seasons=(sample,) * prefill + ((),) * (3 - prefill)
+            ),
+            "decode": replace(
+                seen.signals["decode"], seasons=(sample,) * decode + ((),) * (3 - decode)
+            ),
+        }
+        view = scaling_outcome(
+            seasonal, replace(seen, signals=signals), decision(), no_series={}, now=NOW
+        ).view
+        return {c.type: c for c in view.conditions}
+
+    found = history(3, 3)["SeasonalHistory"]
+    assert (found.status, found.reason) == (True, "HistoryFound")
+    assert found.message == "the last 3 days found for every role"
+    short = history(1, 3)["SeasonalHistory"]
+    assert (short.status, short.reason) == (False, "HistoryMissing")
+    assert short.message.startswith("history found for prefill 1 of 3 days")
+    assert "lower spec.scaling.seasonal.seasons" in short.message
+    unknown = history(0, 0, itl=unavailable("down"))["SeasonalHistory"]
+    assert (unknown.status, unknown.reason) == (None, "MetricsUnavailable")
+    # Without seasonal, no such condition.
+    plain = scaling_outcome(
+        SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(), no_series={}, now=NOW
+    )
+    assert "SeasonalHistory" not in conditions(plain.view)

@@ -9,6 +9,7 @@ SLO_MET = "SLOMet"
 METRICS_AVAILABLE = "MetricsAvailable"
 METRICS_CONFIGURED = "MetricsConfigured"
 CAPACITY_AVAILABLE = "CapacityAvailable"
+SEASONAL_HISTORY = "SeasonalHistory"
 
 # Reasons.
 AS_EXPECTED = "AsExpected"
@@ -27,6 +28,8 @@ METRICS_UNAVAILABLE = "MetricsUnavailable"
 METRICS_MISCONFIGURED = "MetricsMisconfigured"
 NO_READY_PODS = "NoReadyPods"
 CAPACITY_EXHAUSTED = "CapacityExhausted"
+HISTORY_FOUND = "HistoryFound"
+HISTORY_MISSING = "HistoryMissing"
 
 # Event reasons.
 EVENT_STALLED = "Stalled"

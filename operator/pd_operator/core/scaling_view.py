@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.api.spec import PDDeploymentSpec, SeasonalSpec
 from pd_operator.core import reasons
 from pd_operator.core.decision import Decision, Observation
 from pd_operator.core.reconcile import EventSpec
@@ -107,7 +107,40 @@ def scaling_outcome(
             decision.reason if capacity_short else "",
         ),
     ]
+    if spec.scaling.seasonal is not None:
+        view.conditions.append(_seasonal_history(spec.scaling.seasonal, observation, bool(missing)))
     return ScalingOutcome(view, slo_met, missing, capacity_short)
+
+
+def _seasonal_history(
+    seasonal: SeasonalSpec, observation: Observation, unavailable: bool
+) -> ConditionSpec:
+    """Whether Prometheus held each role's demand on every season `spec.scaling.seasonal`
+    reads: without all of them there is no forecast, and a platform engineer who turned it on
+    should see why nothing is pre-warmed."""
+    if unavailable:
+        return ConditionSpec(
+            reasons.SEASONAL_HISTORY, None, reasons.METRICS_UNAVAILABLE, "metrics unavailable"
+        )
+    unit = f"{seasonal.period.lower()}{'s' if seasonal.seasons > 1 else ''}"
+    found = {
+        role: sum(1 for season in signals.seasons if season)
+        for role, signals in sorted(observation.signals.items())
+    }
+    if all(count == seasonal.seasons for count in found.values()):
+        message = f"the last {seasonal.seasons} {unit} found for every role"
+        return ConditionSpec(reasons.SEASONAL_HISTORY, True, reasons.HISTORY_FOUND, message)
+    short = ", ".join(
+        f"{role} {count} of {seasonal.seasons}"
+        for role, count in found.items()
+        if count < seasonal.seasons
+    )
+    message = (
+        f"history found for {short} {unit}: no pre-warming from history until Prometheus holds "
+        f"all {seasonal.seasons} (its --storage.tsdb.retention.time must cover them), or lower "
+        "spec.scaling.seasonal.seasons"
+    )
+    return ConditionSpec(reasons.SEASONAL_HISTORY, False, reasons.HISTORY_MISSING, message)
 
 
 def _slo_met(spec: PDDeploymentSpec, slo_met: tuple[bool | None, bool | None]) -> ConditionSpec:
