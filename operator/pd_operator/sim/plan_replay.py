@@ -206,11 +206,16 @@ def _mixes(
 
 
 def _within_limits(pools: Sequence[PoolPlan]) -> bool:
-    """Each candidate's `max` cards hold the pools of both roles on it."""
-    used: dict[Candidate, int] = {}
+    """The cards of each type (`max`, counted by profile as the planner does) hold the pools of
+    both roles on it."""
+    used: dict[str, int] = {}
+    limits: dict[str, int] = {}
     for pool in pools:
-        used[pool.candidate] = used.get(pool.candidate, 0) + pool.cards
-    return all(c.max_cards is None or cards <= c.max_cards for c, cards in used.items())
+        name = pool.candidate.hardware.name
+        used[name] = used.get(name, 0) + pool.cards
+        if pool.candidate.max_cards is not None:
+            limits[name] = min(limits.get(name, pool.candidate.max_cards), pool.candidate.max_cards)
+    return all(cards <= limits.get(name, cards) for name, cards in used.items())
 
 
 def replay_plan(
