@@ -181,7 +181,7 @@ def test_pdctl_plan_replay_prints_and_deploys_the_grown_plan(
     out, err = capsys.readouterr()
     assert "as planned  prefill mtt-s5000 x1" in out
     assert "chosen      prefill" in out
-    assert "the queueing model (the trace's mean rate, Poisson arrivals) planned too few" in out
+    assert "the queueing model (the mean rate, Poisson arrivals) planned too few" in out
     assert err.count("pdctl plan: replayed ") >= 2  # each replay said as it ends
 
     assert main([*common, "--replay", "-o", "json"]) == 0
@@ -221,6 +221,16 @@ def test_pdctl_plan_replay_short_of_cards_says_which_flag_to_change(
     assert capsys.readouterr().out == ""
 
 
-def test_pdctl_plan_replay_needs_a_trace(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--replay"]) == 2
-    assert "--replay: replays a trace; give one with --trace" in capsys.readouterr().err
+def test_pdctl_plan_replay_without_a_trace_replays_a_poisson_load_of_the_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The queueing model checked against a load of its own assumptions: 2 requests/s of 4K
+    prompts, with one S5000 decode replica's batch swinging past the ITL target at its mean,
+    is planned with two, and the replay confirms it as planned."""
+    flags = ["--rate", "2", "--input-tokens", "4000", "--output-tokens", "200", *CANDIDATE_FLAGS]
+    assert main(["plan", *flags, "--replay", "--duration", "600", "-o", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    replay = found["replay"]
+    assert replay["met"] and replay["replays"] == 1
+    assert 1100 <= replay["requests"] <= 1300  # Poisson arrivals at 2/s for 600 s
+    assert replay["steps"][-1]["pools"] == {"prefill/mtt-s5000": 1, "decode/mtt-s5000": 2}

@@ -416,6 +416,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 PLAN_LENGTH_SAMPLES = 4000  # lengths drawn for `pdctl plan --length-cv`
+SYNTHETIC_REPLAY_SECONDS = 600.0  # `pdctl plan --replay` without --trace or --duration
 
 
 def _workload_from(args: argparse.Namespace, requests: list["Request"]) -> "Workload":
@@ -438,6 +439,23 @@ def _workload_from(args: argparse.Namespace, requests: list["Request"]) -> "Work
     span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
     pairs = [(r.input_tokens, r.output_tokens) for r in requests]
     return Workload.from_lengths(len(requests) / span, pairs, args.cache_hit)
+
+
+def _synthetic_load(args: argparse.Namespace) -> list["Request"]:
+    """Without --trace, what --replay replays: Poisson arrivals at --rate for --duration (600 s
+    when absent) with the lengths the planner was given (Gamma, --length-cv), --cache-hit of
+    each prompt cached. It checks the queueing model against a load of its own assumptions."""
+    from pd_operator.sim.workload import TokenLengths, constant_rate, synthetic_requests
+
+    lengths = TokenLengths(
+        args.input_tokens,
+        args.output_tokens,
+        args.length_cv,
+        args.length_cv,
+        cached_fraction=args.cache_hit,
+    )
+    duration = args.duration or SYNTHETIC_REPLAY_SECONDS
+    return list(synthetic_requests(constant_rate(args.rate, duration), lengths, seed=0))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -474,8 +492,6 @@ def _plan(args: argparse.Namespace) -> int:
         output_per_million=args.output_price,
         blended_per_million=args.blended_price if args.blended_price > 0 else None,
     )
-    if args.replay and not args.trace:
-        raise UsageError("--replay: replays a trace; give one with --trace")
     requests = _trace_requests(args) if args.trace else []
     workload = _workload_from(args, requests)
     target = Target(args.ttft_ms, args.itl_ms, args.share)
@@ -486,7 +502,7 @@ def _plan(args: argparse.Namespace) -> int:
             target,
             model,
             candidates,
-            requests,
+            requests or _synthetic_load(args),
             model_name=args.model_name,
             prices=prices,
             progress=lambda step: print(f"pdctl plan: replayed {step_line(step)}", file=sys.stderr),
@@ -636,9 +652,10 @@ def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     plan.add_argument(
         "--replay",
         action="store_true",
-        help="replay --trace through the plan's pools in the engine simulator, adding replicas "
-        "until the share holds (the queueing model assumes Poisson arrivals; the replay takes "
-        "prefix reuse from the trace's hash_ids, not --cache-hit)",
+        help="replay --trace (else Poisson arrivals at --rate for --duration, 600 s by default) "
+        "through the plan's pools in the engine simulator, adding replicas until the share "
+        "holds (the queueing model assumes Poisson arrivals at the mean rate; a trace's replay "
+        "takes prefix reuse from its hash_ids, not --cache-hit)",
     )
     plan.add_argument("--input-price", type=non_negative, default=8.0, help="per million tokens")
     plan.add_argument("--cached-price", type=non_negative, default=2.0, help="per million tokens")

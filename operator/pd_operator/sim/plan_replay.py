@@ -345,7 +345,7 @@ def replay_table(search: ReplaySearch) -> str:
     chosen = search.chosen
     feasible = chosen.requests - chosen.infeasible
     lines = [
-        f"replayed {chosen.requests:,} requests of the trace on fixed pools ({search.replays} "
+        f"replayed {chosen.requests:,} requests on fixed pools ({search.replays} "
         f"replays of {search.mixes} mix{'es' if search.mixes > 1 else ''}; shares of the "
         f"{feasible:,} an idle deployment serves in time, target "
         f"{chosen.plan.target.share:.1%}):",
@@ -355,8 +355,8 @@ def replay_table(search: ReplaySearch) -> str:
     if last.pools != search.planned.pools:
         lines.append(f"  chosen      {step_line(last)}")
         lines.append(
-            "the queueing model (the trace's mean rate, Poisson arrivals) planned too few "
-            "replicas: the table above is the cheapest plan the replay confirmed"
+            "the queueing model (the mean rate, Poisson arrivals) planned too few replicas: "
+            "the table above is the cheapest plan the replay confirmed"
         )
     return "\n".join(lines)
 
