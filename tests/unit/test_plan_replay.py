@@ -76,7 +76,7 @@ def plan_and_search(requests: list[Request]) -> tuple[Plan, ReplaySearch]:
 def replayed_share(pools: tuple[PoolPlan, ...], requests: list[Request], base: Plan) -> float:
     sized = Plan(base.workload, base.target, pools, 0.0, 0.0, 0.0)
     spec = parse_pddeployment(deployment_document(sized, name="x", model_name=MODEL_NAME)).spec
-    fixed = StaticPeak({(p.role, p.candidate.hardware.name): p.replicas for p in pools})
+    fixed = StaticPeak({(p.role, p.name): p.replicas for p in pools})
     return simulate(spec, requests, fixed, model=GLM_45_FP8).attainment()["feasible"]
 
 

@@ -492,6 +492,11 @@ class SeasonalSpec(SpecModel):
     def _known_zone(cls, name: str) -> str:
         return _known_time_zone(name)
 
+    @property
+    def unit(self) -> str:
+        """The seasons' unit in words: "day", "days", "week" or "weeks"."""
+        return f"{self.period.lower()}{'s' if self.seasons > 1 else ''}"
+
 
 def _default_scale_down() -> ScaleDownPolicy:
     return ScaleDownPolicy(

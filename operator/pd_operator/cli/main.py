@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from pd_operator.core.planner import Workload
     from pd_operator.sim.cluster import SimCluster
     from pd_operator.sim.offline import Cluster
-    from pd_operator.sim.workload import Request
+    from pd_operator.sim.workload import Request, TokenLengths
 
 
 # Where a pod finds its own namespace (the service account token's projected volume).
@@ -424,17 +424,13 @@ def _workload_from(args: argparse.Namespace, requests: list["Request"]) -> "Work
     import random
 
     from pd_operator.core.planner import Workload
-    from pd_operator.sim.workload import TokenLengths
 
     if not requests:
         if args.length_cv <= 0:
             return Workload(args.rate, args.input_tokens, args.output_tokens, args.cache_hit)
         # A fixed sample of Gamma lengths (seed 0) stands for the distribution.
-        lengths = TokenLengths(
-            args.input_tokens, args.output_tokens, args.length_cv, args.length_cv
-        )
         rng = random.Random(0)
-        pairs = [lengths.sample(rng)[:2] for _ in range(PLAN_LENGTH_SAMPLES)]
+        pairs = [_plan_lengths(args).sample(rng)[:2] for _ in range(PLAN_LENGTH_SAMPLES)]
         return Workload.from_lengths(args.rate, pairs, args.cache_hit)
     span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
     pairs = [(r.input_tokens, r.output_tokens) for r in requests]
@@ -445,17 +441,24 @@ def _synthetic_load(args: argparse.Namespace) -> list["Request"]:
     """Without --trace, what --replay replays: Poisson arrivals at --rate for --duration (600 s
     when absent) with the lengths the planner was given (Gamma, --length-cv), --cache-hit of
     each prompt cached. It checks the queueing model against a load of its own assumptions."""
-    from pd_operator.sim.workload import TokenLengths, constant_rate, synthetic_requests
+    from pd_operator.sim.workload import constant_rate, synthetic_requests
 
-    lengths = TokenLengths(
+    duration = args.duration or SYNTHETIC_REPLAY_SECONDS
+    return list(synthetic_requests(constant_rate(args.rate, duration), _plan_lengths(args), seed=0))
+
+
+def _plan_lengths(args: argparse.Namespace) -> "TokenLengths":
+    """The lengths `pdctl plan`'s flags describe: Gamma with --length-cv around the means,
+    --cache-hit of each prompt cached."""
+    from pd_operator.sim.workload import TokenLengths
+
+    return TokenLengths(
         args.input_tokens,
         args.output_tokens,
         args.length_cv,
         args.length_cv,
         cached_fraction=args.cache_hit,
     )
-    duration = args.duration or SYNTHETIC_REPLAY_SECONDS
-    return list(synthetic_requests(constant_rate(args.rate, duration), lengths, seed=0))
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -507,24 +510,23 @@ def _plan(args: argparse.Namespace) -> int:
             prices=prices,
             progress=lambda step: print(f"pdctl plan: replayed {step_line(step)}", file=sys.stderr),
         )
-    result = (
-        replayed.chosen.plan
-        if replayed
-        else plan(workload, target, model, candidates, prices=prices)
-    )
+        result = replayed.chosen.plan if replayed else None
+    else:
+        result = plan(workload, target, model, candidates, prices=prices)
     if result is None:
         reason = no_plan_reason(workload, target, model, candidates)
         print(f"pdctl plan: no candidate mix meets the SLO: {reason}", file=sys.stderr)
         return 1
-    unmet = replayed is not None and not replayed.met
-    if args.format == "yaml" and unmet:
-        pass  # no document to apply: a pipeline that ignores the exit status would deploy it
-    elif args.format == "yaml":
-        document = deployment_document(result, name=args.name, model_name=args.model_name)
-        # Never print a document the CRD would reject; what it could reject comes from flags.
-        with about(f"--name {args.name!r} or --model-name {args.model_name!r}"):
-            parse_pddeployment(document)
-        print(yaml.safe_dump(document, sort_keys=False), end="")
+    shortfall = replay_shortfall(replayed) if replayed is not None and not replayed.met else None
+    if args.format == "yaml":
+        # No document to apply from a plan that misses: a pipeline that ignores the exit
+        # status would deploy it.
+        if shortfall is None:
+            document = deployment_document(result, name=args.name, model_name=args.model_name)
+            # Never print a document the CRD would reject; what it could reject comes from flags.
+            with about(f"--name {args.name!r} or --model-name {args.model_name!r}"):
+                parse_pddeployment(document)
+            print(yaml.safe_dump(document, sort_keys=False), end="")
     elif args.format == "json":
         document = result.to_dict()
         if replayed is not None:
@@ -536,8 +538,8 @@ def _plan(args: argparse.Namespace) -> int:
             print(replay_table(replayed))
         elif requests:
             print("checked by the queueing model only: --replay replays the trace through it")
-    if replayed is not None and unmet:
-        print(f"pdctl plan: {replay_shortfall(replayed)}", file=sys.stderr)
+    if shortfall is not None:
+        print(f"pdctl plan: {shortfall}", file=sys.stderr)
         return 1
     return 0
 

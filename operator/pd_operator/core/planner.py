@@ -187,6 +187,11 @@ class PoolPlan:
     replicas: int
 
     @property
+    def name(self) -> str:
+        """The pool's name in the PDDeployment `deployment_document` makes (a DNS label)."""
+        return self.candidate.hardware.name.replace(".", "-")
+
+    @property
     def cards(self) -> int:
         return self.replicas * self.candidate.cards_per_replica
 
@@ -705,7 +710,7 @@ def deployment_document(
         vendor = hardware.resource_name.split("/")[0]
         roles[pool.role].append(
             {
-                "name": hardware.name.replace(".", "-"),
+                "name": pool.name,
                 "accelerator": {
                     "resourceName": hardware.resource_name,
                     "perReplica": pool.candidate.cards_per_replica,

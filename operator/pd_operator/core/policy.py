@@ -125,8 +125,8 @@ class _Pool:
     limited_by: LimitedBy = "none"
     notes: list[str] = field(default_factory=list)
     steady_window: bool = False  # the short scale-down window let it shrink sooner
-    # A schedule's floor over replicas.min; `spec` then carries it as its min, so that every
-    # rule that keeps a pool at its min keeps it at the floor.
+    # A schedule's or the seasonal forecast's floor over replicas.min; `spec` then carries it
+    # as its min, so that every rule that keeps a pool at its min keeps it at the floor.
     floor: Floor | None = None
 
     def hold_at(self, floor: Floor) -> None:
@@ -167,7 +167,7 @@ def _clamp(pool: PoolSpec, value: int) -> int:
 
 
 def _bound(pool: _Pool, note: str) -> None:
-    """Move the pool's value within its bounds; a schedule's floor says it held the pool."""
+    """Move the pool's value within its bounds; a floor says it held the pool."""
     if pool.floor is not None and pool.value < pool.floor.replicas:
         pool.move(pool.floor.replicas, pool.floor.limit, pool.floor.note)
     pool.move(_clamp(pool.spec, pool.value), "bounds", note)
@@ -445,14 +445,16 @@ def _seasonal_floors(
     slots = [p.slot() for p in pools]
     grow_at, _ = _utilisation(spec, pools[0].role, capacity, prompt, slots, memory=memory)
     needed = expected.tokens_per_second / grow_at
-    span = f"{seasonal.seasons} {seasonal.period.lower()}{'s' if seasonal.seasons > 1 else ''}"
     for pool in pools:
         if needed <= EPSILON or pool.weight <= 0:
             break
         replicas = min(pool.spec.replicas.max, math.ceil(needed / pool.weight - EPSILON))
         needed -= replicas * pool.weight
         if replicas > pool.spec.replicas.min:
-            note = f"seasonal forecast (the last {span} at this time) keeps at least {replicas}"
+            note = (
+                f"seasonal forecast (the last {seasonal.seasons} {seasonal.unit} at this time) "
+                f"keeps at least {replicas}"
+            )
             pool.hold_at(Floor(replicas, note, "forecast"))
 
 

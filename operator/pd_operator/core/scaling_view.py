@@ -122,13 +122,12 @@ def _seasonal_history(
         return ConditionSpec(
             reasons.SEASONAL_HISTORY, None, reasons.METRICS_UNAVAILABLE, "metrics unavailable"
         )
-    unit = f"{seasonal.period.lower()}{'s' if seasonal.seasons > 1 else ''}"
     found = {
         role: sum(1 for season in signals.seasons if season)
         for role, signals in sorted(observation.signals.items())
     }
     if all(count == seasonal.seasons for count in found.values()):
-        message = f"the last {seasonal.seasons} {unit} found for every role"
+        message = f"the last {seasonal.seasons} {seasonal.unit} found for every role"
         return ConditionSpec(reasons.SEASONAL_HISTORY, True, reasons.HISTORY_FOUND, message)
     short = ", ".join(
         f"{role} {count} of {seasonal.seasons}"
@@ -136,7 +135,8 @@ def _seasonal_history(
         if count < seasonal.seasons
     )
     message = (
-        f"history found for {short} {unit}: no pre-warming from history until Prometheus holds "
+        f"history found for {short} {seasonal.unit}: no pre-warming from history until "
+        "Prometheus holds "
         f"all {seasonal.seasons} (its --storage.tsdb.retention.time must cover them), or lower "
         "spec.scaling.seasonal.seasons"
     )

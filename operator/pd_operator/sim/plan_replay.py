@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import cast
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.api.spec import Role
+from pd_operator.api.spec import ROLE_NAMES, Role
 from pd_operator.core.hardware import ModelProfile
 from pd_operator.core.planner import (
     MAX_REPLICAS,
@@ -49,7 +49,6 @@ from pd_operator.sim.workload import Request
 MAX_REPLAYS = 48
 # The document a replay deploys only needs a valid name; it reaches no cluster.
 REPLAY_NAME = "plan-replay"
-ROLES: tuple[Role, Role] = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,10 @@ class Replayed:
     def short_roles(self, share: float) -> list[Role]:
         """The roles to grow: those whose target fewer than `share` of the requests met; or,
         where each role meets it but not both together, the one that met it least."""
-        short = [role for role in ROLES if self.met(role) < share]
+        short = [role for role in ROLE_NAMES if self.met(role) < share]
         if short or self.both >= share:
             return short
-        return [min(ROLES, key=self.met)]
+        return [min(ROLE_NAMES, key=self.met)]
 
 
 @dataclass(frozen=True)
@@ -193,7 +192,7 @@ def _mixes(
     # The plan of all the candidates (first) knows which prompts even the fastest card misses.
     base = found[0]
     per_role = {
-        role: {tuple(p for p in f.pools if p.role == role) for f in found} for role in ROLES
+        role: {tuple(p for p in f.pools if p.role == role) for f in found} for role in ROLE_NAMES
     }
     plans = []
     for prefill, decode in itertools.product(per_role["prefill"], per_role["decode"]):
@@ -236,33 +235,31 @@ def replay_plan(
         raise ValueError("a plan is replayed on a trace's requests, and there are none")
     budget = budget or _Budget(MAX_REPLAYS)
     share = planned.target.share
-    outcome: list[SimResult] = []
 
-    def replayed(pools: tuple[PoolPlan, ...]) -> Replayed:
+    def replayed(pools: tuple[PoolPlan, ...]) -> tuple[Replayed, SimResult]:
         result = _run(replace(planned, pools=pools), requests, model, model_name)
-        outcome[:] = [result]
         step = _replayed(pools, result)
         if progress:
             progress(step)
-        return step
+        return step, result
 
     if not budget.spend():
         return None
-    steps = [replayed(planned.pools)]
-    first = outcome[0]
+    step, first = replayed(planned.pools)
+    steps = [step]
     while roles := steps[-1].short_roles(share):
         pools = steps[-1].pools
         for role in roles:
             options = _one_more(pools, role)
             if len(options) > 1 and budget.spend(len(options)):
-                tried = [replayed(option) for option in options]
+                tried = [replayed(option)[0] for option in options]
                 pools = max(tried, key=lambda r: _gain(r, steps[-1], role)).pools
             elif options:
                 pools = options[0]
         cost = sum(p.cost_per_hour for p in pools)
         if pools == steps[-1].pools or cost >= below_cost - 1e-9 or not budget.spend():
             break  # at the limits, no cheaper than a confirmed plan, or out of replays
-        steps.append(replayed(pools))
+        steps.append(replayed(pools)[0])
     final = steps[-1].pools
     ttft_ms, itl_ms = evaluate(planned.workload, planned.target, model, final)
     return PlanReplay(
@@ -297,14 +294,7 @@ def _run(
 ) -> SimResult:
     document = deployment_document(sized, name=REPLAY_NAME, model_name=model_name)
     spec = parse_pddeployment(document).spec
-    # Pools are named as `deployment_document` names them.
-    fixed = StaticPeak(
-        {
-            (cast(Role, p.role), p.candidate.hardware.name.replace(".", "-")): p.replicas
-            for p in sized.pools
-        },
-        name="plan",
-    )
+    fixed = StaticPeak({(cast(Role, p.role), p.name): p.replicas for p in sized.pools}, name="plan")
     return simulate(spec, requests, fixed, model=model)
 
 
