@@ -1,5 +1,6 @@
 """Offline simulator: same latencies as the engine, the real policy in the loop, determinism."""
 
+import dataclasses
 import io
 import itertools
 import json
@@ -421,6 +422,45 @@ def test_a_prompt_too_long_for_any_capacity_is_reported_as_infeasible() -> None:
     assert attainment["both"] == pytest.approx(60 / 61)
     assert attainment["feasible"] == 1.0
     assert result.summary()["infeasible"] == 1
+
+
+def test_a_request_over_the_context_length_is_refused_on_arrival() -> None:
+    """vLLM answers 400 at once to a prompt that, with its answer, exceeds --max-model-len:
+    it holds no replica, so the requests behind it are served as if it never came. It is
+    counted as rejected, never as infeasible or unfinished, and meets no target."""
+    requests = [Request(k * 2.0, 4000, 200) for k in range(60)]
+    requests.insert(30, Request(59.0, 140_000, 200))  # GLM-4.5 takes 131,072 tokens
+    spec = make_spec()
+    fixed: dict[PoolKey, int] = {("prefill", "s5000"): 1, ("decode", "h200"): 1}
+    result = simulate(spec, requests, StaticPeak(fixed), model=GLM_45_FP8)
+    without = simulate(spec, requests[:30] + requests[31:], StaticPeak(fixed), model=GLM_45_FP8)
+    assert (result.rejected, result.infeasible, result.unfinished) == (1, 0, 0)
+    refused = result.outcomes[30]
+    assert refused.rejected and refused.input_tokens == 140_000
+    assert not (refused.ttft_ok or refused.itl_ok or refused.feasible)
+    served = [o.ttft_s for o in result.outcomes if not o.rejected]
+    assert served == [o.ttft_s for o in without.outcomes]
+    assert result.attainment()["both"] == pytest.approx(60 / 61)
+    assert result.attainment()["feasible"] == 1.0
+    assert result.summary()["rejected"] == 1
+    assert result.to_dict()["requests_detail"][30]["rejected"] is True
+
+
+def test_the_spec_context_length_refuses_what_the_model_would_take() -> None:
+    """`model.contextLength` is the engines' --max-model-len: a 40K-token prompt fits GLM-4.5
+    but not a deployment capped at 32K; a model profile without a known limit takes all."""
+    requests = [Request(1.0, 4000, 100), Request(2.0, 40_000, 100)]
+    fixed: dict[PoolKey, int] = {("prefill", "s5000"): 1, ("decode", "h200"): 1}
+    spec = make_spec()
+    assert simulate(spec, requests, StaticPeak(fixed), model=GLM_45_FP8).rejected == 0
+    capped = spec.model_copy(
+        update={"model": spec.model.model_copy(update={"context_length": 32_768})}
+    )
+    result = simulate(capped, requests, StaticPeak(fixed), model=GLM_45_FP8)
+    assert [o.rejected for o in result.outcomes] == [False, True]
+    unknown = dataclasses.replace(GLM_45_FP8, max_context_tokens=None)
+    long = [Request(1.0, 140_000, 100)]
+    assert simulate(spec, long, StaticPeak(fixed), model=unknown).rejected == 0
 
 
 def test_latency_is_never_below_the_idle_service_time() -> None:

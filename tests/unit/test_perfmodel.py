@@ -57,6 +57,18 @@ def test_registries_hold_the_named_cards_and_models():
     assert {"glm-4.5-fp8", "llama-2-70b", "deepseek-v3-fp8", "kimi-k2-fp8"} <= set(MODEL_PROFILES)
 
 
+def test_each_model_knows_its_context_length_and_refuses_a_non_positive_one():
+    """config.json's max_position_embeddings: what vLLM takes without --max-model-len."""
+    assert {m.name: m.max_context_tokens for m in MODEL_PROFILES.values()} == {
+        "glm-4.5-fp8": 131_072,
+        "llama-2-70b": 4096,
+        "deepseek-v3-fp8": 163_840,
+        "kimi-k2-fp8": 131_072,
+    }
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        dataclasses.replace(GLM_45_FP8, max_context_tokens=0)
+
+
 @pytest.mark.parametrize(
     ("model", "expected_shared_billions"),
     [

@@ -287,3 +287,30 @@ def test_pdctl_plan_sizes_for_a_trace_s_length_distribution(
     )
     from_means = json.loads(capsys.readouterr().out)
     assert from_trace["cost_per_hour"] > from_means["cost_per_hour"]
+
+
+def test_pdctl_plan_leaves_out_requests_over_the_model_s_context_length(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace recorded on a longer-context model holds prompts GLM-4.5 refuses (over 131,072
+    tokens): the plan is the one for the rest of the trace, and says how many it left out."""
+    rows = [
+        {"timestamp": k * 1000 // 6, "input_length": i, "output_length": o, "hash_ids": []}
+        for k, (i, o) in enumerate(TAILED * 60)
+    ]
+    too_long = [
+        {"timestamp": k * 10_000, "input_length": 190_000, "output_length": 50, "hash_ids": []}
+        for k in range(10)
+    ]
+    common = ["--ttft-ms", "3000", "--itl-ms", "30", "-o", "json"]
+    plans = {}
+    for name, trace_rows in (("fit", rows), ("mixed", rows + too_long)):
+        trace = tmp_path / f"{name}.jsonl"
+        ordered = sorted(trace_rows, key=lambda row: row["timestamp"])
+        trace.write_text("".join(json.dumps(row) + "\n" for row in ordered))
+        assert main(["plan", "--trace", str(trace), *common]) == 0
+        captured = capsys.readouterr()
+        plans[name] = json.loads(captured.out)
+        if name == "mixed":
+            assert "10 requests of the trace exceed glm-4.5-fp8's context length" in captured.err
+    assert plans["mixed"] == plans["fit"]

@@ -477,6 +477,7 @@ def _plan(args: argparse.Namespace) -> int:
         plan,
         plan_table,
     )
+    from pd_operator.sim.offline import admitted
     from pd_operator.sim.plan_replay import (
         cheapest_replayed,
         replay_shortfall,
@@ -495,8 +496,16 @@ def _plan(args: argparse.Namespace) -> int:
         output_per_million=args.output_price,
         blended_per_million=args.blended_price if args.blended_price > 0 else None,
     )
-    requests = _trace_requests(args) if args.trace else []
-    workload = _workload_from(args, requests)
+    trace = _trace_requests(args) if args.trace else []
+    requests, refused = admitted(trace, model.max_context_tokens)
+    if refused:
+        print(
+            f"pdctl plan: {len(refused):,} requests of the trace exceed {model.name}'s context "
+            f"length ({model.max_context_tokens:,} tokens with the answer): left out, as the "
+            "engines refuse them",
+            file=sys.stderr,
+        )
+    workload = _workload_from(args, list(requests))
     target = Target(args.ttft_ms, args.itl_ms, args.share)
     replayed = None
     if args.replay:

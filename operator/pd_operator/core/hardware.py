@@ -96,6 +96,9 @@ class ModelProfile:
     kv_dtype_bytes: int  # bytes per KV-cache element as served: FP8 1, BF16 2
     routed_experts: int = 0  # MoE routed experts per layer; 0 for a dense model
     experts_per_token: int = 0  # routed experts each token uses; 0 for a dense model
+    # The longest sequence (prompt plus answer) the model takes: config.json's
+    # max_position_embeddings, vLLM's default --max-model-len. None: not known, no limit.
+    max_context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.layers, self.d_model, self.kv_heads, self.head_dim, self.attention_width) < 1:
@@ -110,6 +113,8 @@ class ModelProfile:
             raise ValueError(f"{self.name}: experts_per_token exceeds routed_experts")
         if self.shared_params < 0:
             raise ValueError(f"{self.name}: active_params too small for the expert counts")
+        if self.max_context_tokens is not None and self.max_context_tokens < 1:
+            raise ValueError(f"{self.name}: max_context_tokens must be positive")
 
     @property
     def weight_bytes(self) -> int:
@@ -196,6 +201,7 @@ LLAMA2_70B = ModelProfile(
     attention_width=8192,  # 64 heads x 128
     weight_dtype_bytes=2,  # BF16, as in the published fit
     kv_dtype_bytes=2,
+    max_context_tokens=4096,
 )
 
 # GLM-4.5 (zai-org config.json): 92 layers, hidden 5120, 96 query heads and 8 KV heads of 128,
@@ -215,6 +221,7 @@ GLM_45_FP8 = ModelProfile(
     kv_dtype_bytes=1,  # FP8 KV cache, as in the articles
     routed_experts=160,
     experts_per_token=8,
+    max_context_tokens=131_072,  # 128K
 )
 
 # DeepSeek-V3 (config.json): 61 layers, hidden 7168, 128 heads, MLA with a 512-wide KV latent
@@ -233,6 +240,7 @@ DEEPSEEK_V3_FP8 = ModelProfile(
     kv_dtype_bytes=1,
     routed_experts=256,
     experts_per_token=8,
+    max_context_tokens=163_840,  # 160K
 )
 
 # Kimi K2 (Moonshot config.json): DeepSeek-V3 architecture with 64 heads and 384 routed experts;
@@ -251,6 +259,7 @@ KIMI_K2_FP8 = ModelProfile(
     kv_dtype_bytes=1,
     routed_experts=384,
     experts_per_token=8,
+    max_context_tokens=131_072,  # Kimi-K2-Instruct; later K2 releases take 256K
 )
 
 MODEL_PROFILES: dict[str, ModelProfile] = {

@@ -163,6 +163,9 @@ class RequestOutcome:
     # False when the request misses a target even alone on an idle deployment (see
     # `idle_latencies`): no capacity and no policy can serve it in time.
     feasible: bool = True
+    # True when the engines refuse it: its prompt and answer exceed the context length
+    # (`context_limit`). Never served, never feasible.
+    rejected: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,17 +190,28 @@ class SimResult:
 
     @property
     def unfinished(self) -> int:
-        return sum(1 for o in self.outcomes if math.isnan(o.ttft_s))
+        """Requests taken but not finished when the replay stopped."""
+        return sum(1 for o in self.outcomes if math.isnan(o.ttft_s) and not o.rejected)
+
+    @property
+    def rejected(self) -> int:
+        """Requests the engines refuse: prompt and answer over the context length."""
+        return sum(1 for o in self.outcomes if o.rejected)
 
     @property
     def infeasible(self) -> int:
-        """Requests that miss a target even alone on an idle deployment."""
-        return sum(1 for o in self.outcomes if not o.feasible)
+        """Requests taken that miss a target even alone on an idle deployment."""
+        return sum(1 for o in self.outcomes if not o.feasible and not o.rejected)
+
+    @property
+    def feasible(self) -> int:
+        """Requests an idle deployment serves in time: what attainment is held to."""
+        return sum(1 for o in self.outcomes if o.feasible)
 
     def attainment(self) -> dict[str, float]:
-        """Share of all requests meeting the TTFT target, the ITL target, and both; and
-        `feasible`: the share meeting both among the requests that an idle deployment serves
-        in time (what a policy can be held to)."""
+        """Share of all requests meeting the TTFT target, the ITL target, and both (a rejected
+        request meets neither); and `feasible`: the share meeting both among the requests that
+        an idle deployment serves in time (what a policy can be held to)."""
         n = max(1, len(self.outcomes))
         feasible = [o for o in self.outcomes if o.feasible]
         return {
@@ -223,6 +237,7 @@ class SimResult:
             "policy": self.policy,
             "requests": self.requests,
             "unfinished": self.unfinished,
+            "rejected": self.rejected,
             "infeasible": self.infeasible,
             "attainment": self.attainment(),
             "card_hours": self.card_hours,
@@ -264,6 +279,7 @@ class SimResult:
                 "ttft_s": _json_float(o.ttft_s),
                 "tpot_s": _json_float(o.tpot_s),
                 "feasible": o.feasible,
+                "rejected": o.rejected,
             }
             for o in self.outcomes
         ]
@@ -1031,6 +1047,63 @@ def _cost_per_hour(fleet: _Fleet, cluster: Cluster, config: Mapping[PoolKey, int
     )
 
 
+def context_limit(spec: PDDeploymentSpec, model: ModelProfile) -> int | None:
+    """The most tokens, prompt plus answer, a replica takes: the spec's `model.contextLength`
+    (vLLM's --max-model-len), else the model's own; None when neither is known."""
+    return spec.model.context_length or model.max_context_tokens
+
+
+def admitted(
+    requests: Sequence[Request], limit: int | None
+) -> tuple[Sequence[Request], list[Request]]:
+    """The requests the engines take, and those they refuse: vLLM answers 400 at once to a
+    prompt that, with its answer, exceeds the context length; it never reaches a queue."""
+    if limit is None:
+        return requests, []
+    taken: list[Request] = []
+    refused: list[Request] = []
+    for request in requests:
+        fits = request.input_tokens + request.output_tokens <= limit
+        (taken if fits else refused).append(request)
+    return (requests, []) if not refused else (taken, refused)
+
+
+def _measured_outcomes(
+    spec: PDDeploymentSpec,
+    measured: Sequence[Request],
+    records: Mapping[int, RequestRecord],
+    feasible: Sequence[bool],
+    *,
+    refused: Sequence[Request],
+    warmup_s: float,
+) -> list[RequestOutcome]:
+    """The outcomes of the measured requests, the engines' (`records` by index among all the
+    requests taken, of which `measured` are the last) and the refused ones, by arrival."""
+    first = len(feasible) - len(measured)
+    outcomes = [
+        _outcome(spec, _shifted(r, warmup_s), records.get(first + k), feasible[first + k])
+        for k, r in enumerate(measured)
+    ]
+    if not refused:
+        return outcomes
+    rejected = [
+        RequestOutcome(
+            r.arrival_s - warmup_s,
+            r.input_tokens,
+            r.output_tokens,
+            math.nan,
+            math.nan,
+            False,
+            False,
+            feasible=False,
+            rejected=True,
+        )
+        for r in refused
+        if r.arrival_s >= warmup_s
+    ]
+    return sorted(outcomes + rejected, key=lambda o: o.arrival_s)
+
+
 def _meets(spec: PDDeploymentSpec, request: Request, record: RequestRecord | None) -> bool:
     outcome = _outcome(spec, request, record, True)
     return outcome.ttft_ok and outcome.itl_ok
@@ -1055,11 +1128,13 @@ def simulate(
     result holds only what happens from `warmup_s` on: the requests arriving from then, the
     card-hours, cost and scale actions from then, times relative to it. `static-peak` is
     sized on the measured requests only; the oracle searches the whole span. `routing` is the
-    router's choice of prefill instance (`sim.engine.Routing`).
+    router's choice of prefill instance (`sim.engine.Routing`). Requests over the context
+    length are refused on arrival, as vLLM refuses them, and only counted (`rejected`).
     """
     if warmup_s < 0:
         raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
     started = time.perf_counter()
+    requests, refused = admitted(requests, context_limit(spec, model))
     cluster = cluster or Cluster.fitting(spec)
     fleet = _Fleet(spec, model, cluster, timing.load_seconds)
     arrivals, measured, first_measured = _arrivals(spec, fleet, requests, warmup_s)
@@ -1155,15 +1230,12 @@ def simulate(
             max(now, warmup_s),
             max([last_arrival, warmup_s, *(r.finish_s for r in records.values())]),
         )
-    outcomes = [
-        _outcome(spec, _shifted(r, warmup_s), records.get(i), ok)
-        for i, (r, ok) in enumerate(zip(requests, feasible, strict=True))
-        if i >= first_measured
-    ]
     hours = {k: v / SECONDS_PER_HOUR for k, v in sorted(card_seconds.items())}
     return SimResult(
         policy=chosen.name,
-        outcomes=outcomes,
+        outcomes=_measured_outcomes(
+            spec, requests[first_measured:], records, feasible, refused=refused, warmup_s=warmup_s
+        ),
         card_hours=hours,
         cost=sum(h * cluster.price(k) for k, h in hours.items()),
         scale_actions=actions,
@@ -1304,6 +1376,7 @@ TABLE_COLUMNS = (
     "policy",
     "attain_feasible",
     "infeasible",
+    "rejected",
     "attain_both",
     "attain_ttft",
     "attain_itl",
@@ -1323,6 +1396,7 @@ def table_row(result: SimResult) -> dict[str, str]:
         "policy": result.policy,
         "attain_feasible": f"{attainment['feasible']:.3f}",
         "infeasible": str(result.infeasible),
+        "rejected": str(result.rejected),
         "attain_both": f"{attainment['both']:.3f}",
         "attain_ttft": f"{attainment['ttft']:.3f}",
         "attain_itl": f"{attainment['itl']:.3f}",

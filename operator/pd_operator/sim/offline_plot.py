@@ -71,7 +71,7 @@ def plot_result(
     figure.suptitle(
         f"{result.policy}: {result.requests:,} requests, both SLOs met by "
         f"{attainment['both']:.1%} ({attainment['feasible']:.1%} of the "
-        f"{result.requests - result.infeasible:,} feasible), cost {result.cost:,.2f}"
+        f"{result.feasible:,} feasible), cost {result.cost:,.2f}"
     )
 
     load.plot(data["t_min"], data["rps"], color="tab:blue", label="requests/s")

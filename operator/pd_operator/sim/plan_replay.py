@@ -80,6 +80,11 @@ class PlanReplay:
     steps: tuple[Replayed, ...]
     requests: int
     infeasible: int  # requests that miss a target even on an idle deployment
+    rejected: int = 0  # requests over the model's context length, refused by every plan
+
+    @property
+    def feasible(self) -> int:
+        return self.requests - self.infeasible - self.rejected
 
     @property
     def met(self) -> bool:
@@ -107,6 +112,7 @@ class ReplaySearch:
         return {
             "requests": self.chosen.requests,
             "infeasible": self.chosen.infeasible,
+            "rejected": self.chosen.rejected,
             "met": self.met,
             "mixes": self.mixes,
             "replays": self.replays,
@@ -267,6 +273,7 @@ def replay_plan(
         tuple(steps),
         requests=first.requests,
         infeasible=first.infeasible,
+        rejected=first.rejected,
     )
 
 
@@ -333,12 +340,14 @@ def step_line(step: Replayed) -> str:
 def replay_table(search: ReplaySearch) -> str:
     """What the replays found, to print under the chosen plan's table."""
     chosen = search.chosen
-    feasible = chosen.requests - chosen.infeasible
+    refused = (
+        f"; {chosen.rejected:,} over the model's context length refused" if chosen.rejected else ""
+    )
     lines = [
         f"replayed {chosen.requests:,} requests on fixed pools ({search.replays} "
         f"replays of {search.mixes} mix{'es' if search.mixes > 1 else ''}; shares of the "
-        f"{feasible:,} an idle deployment serves in time, target "
-        f"{chosen.plan.target.share:.1%}):",
+        f"{chosen.feasible:,} an idle deployment serves in time, target "
+        f"{chosen.plan.target.share:.1%}{refused}):",
         f"  as planned  {step_line(search.planned)}",
     ]
     last = chosen.steps[-1]
