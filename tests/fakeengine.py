@@ -25,6 +25,16 @@ class FakeEngine:
             "vllm:num_requests_waiting", "w", ["model_name"], registry=self.registry
         )
         self.prompt = Counter("vllm:prompt_tokens", "p", ["model_name"], registry=self.registry)
+        self.cached = Counter("vllm:prefix_cache_hits", "c", ["model_name"], registry=self.registry)
+        self.running = Gauge(
+            "vllm:num_requests_running", "r", ["model_name"], registry=self.registry
+        )
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "k", ["model_name"], registry=self.registry
+        )
+        self.generation = Counter(
+            "vllm:generation_tokens", "g", ["model_name"], registry=self.registry
+        )
         port = free_port()
         self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
         prometheus.set_targets(name, [f"127.0.0.1:{port}"], labels)

@@ -47,6 +47,7 @@ def test_grouped_reads_give_each_object_its_own_latency(prometheus, engines):
             decode.itl.labels(model_name="m").observe(0.015)
         fast.waiting.labels(model_name="m").set(7)
         fast.prompt.labels(model_name="m").inc(5000)
+        fast.cached.labels(model_name="m").inc(2000)  # 40% of the prompt tokens
         signals, report = reader.read(targets)
         # Every series scraped at least twice (a rate needs two samples), whichever came last.
         fast_prefill = signals[("ns", "fast", "prefill")]
@@ -76,7 +77,14 @@ def test_grouped_reads_give_each_object_its_own_latency(prometheus, engines):
     assert signals[("ns", "fast", "prefill")].mean_latency_seconds.value == pytest.approx(0.3)
     assert signals[("ns", "fast", "decode")].mean_latency_seconds.value == pytest.approx(0.015)
     assert signals[("ns", "fast", "prefill")].queue_depth.value == 7
-    assert signals[("ns", "fast", "prefill")].prompt_tokens_per_second.value > 0
+    fast_prefill = signals[("ns", "fast", "prefill")]
+    assert fast_prefill.prompt_tokens_per_second.value > 0
+    # Both counters come from the same scrapes of one pod: their rates keep about the 2:5 of
+    # the increments (a scrape between the two increments moves it a little).
+    cached = fast_prefill.cached_prompt_tokens_per_second.value
+    assert cached == pytest.approx(0.4 * fast_prefill.prompt_tokens_per_second.value, rel=0.02)
+    slow_cached = signals[("ns", "slow", "prefill")].cached_prompt_tokens_per_second
+    assert slow_cached.kind is ReadingKind.UNAVAILABLE
     # A histogram without requests in the window is no traffic, not zero latency.
     assert signals[("ns", "idle", "prefill")].ttft_seconds.kind is ReadingKind.NO_TRAFFIC
     assert report.adapters == {"VLLM": "vllm-underscore"}
@@ -98,7 +106,7 @@ def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, en
         return (few, many) if few.adapters and many.adapters else None
 
     few, many = wait_for(both_reads, timeout=20, what="two reads that both see the engine")
-    assert many.queries == few.queries <= 12, (few, many)  # detection + 11 signals
+    assert many.queries == few.queries <= 13, (few, many)  # detection + 12 signals
 
 
 def test_an_engine_without_series_is_unavailable_and_names_what_was_looked_for(prometheus, engines):
@@ -122,6 +130,28 @@ def test_an_object_with_no_series_reports_the_failing_query(prometheus, engines)
     signals, report = reader.read([target("missing")])
     assert signals[("ns", "missing", "prefill")].ttft_seconds.kind is ReadingKind.UNAVAILABLE
     assert "time_to_first_token" in report.failing_queries[("ns", "missing", "prefill")]
+
+
+def test_an_engine_without_prefix_cache_counters_is_not_reported_misconfigured(prometheus, engines):
+    """vLLM with prefix caching off, or an older version, has no prefix_cache_hits series:
+    the share cached is unknown (seeds then count every prompt token computed), and the
+    object's MetricsConfigured condition must not blame that query."""
+    engine = engines("c-prefill", {"namespace": "ns", "deployment": "c", "role": "prefill"})
+    reader = PrometheusReader(prometheus.url)
+
+    def read_with_every_series():
+        engine.ttft.labels(model_name="m").observe(0.2)
+        engine.prompt.labels(model_name="m").inc(1000)
+        engine.generation.labels(model_name="m").inc(10)
+        for gauge in (engine.waiting, engine.running, engine.kv_usage):
+            gauge.labels(model_name="m").set(0)
+        signals, report = reader.read([target("c")])
+        prefill = signals[("ns", "c", "prefill")]
+        return (prefill, report) if prefill.prompt_tokens_per_second.value else None
+
+    prefill, report = wait_for(read_with_every_series, timeout=40, what="a rate over scrapes")
+    assert prefill.cached_prompt_tokens_per_second.kind is ReadingKind.UNAVAILABLE
+    assert ("ns", "c", "prefill") not in report.failing_queries, report.failing_queries
 
 
 def test_prometheus_down_is_unavailable_never_zero():

@@ -17,6 +17,7 @@ from pd_operator.api import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.allocation import record_ready
 from pd_operator.core.capacity import FreeCapacity, free_capacity
+from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
 from pd_operator.core.learning import (
     PROMPT_LENGTH_CV2,
     latency_evidence,
@@ -34,9 +35,14 @@ from pd_operator.core.signals import (
     bucket_of,
     unavailable,
 )
+from pd_operator.sim.engine import PDEngine, ReplicaSpec
+from pd_operator.sim.engine import Role as EngineRole
+from pd_operator.sim.workload import Request
 from pdcases import minimal
 
 T0 = 1_000_000.0
+S5000_REPLICA = ReplicaSpec.from_profiles(MTT_S5000, GLM_45_FP8, 8)
+H200_REPLICA = ReplicaSpec.from_profiles(H200_SXM, GLM_45_FP8, 8)
 INTERVAL = 30.0
 ROLES: tuple[Role, Role] = ("prefill", "decode")
 
@@ -102,8 +108,10 @@ def signals(
     queue: float = 0.0,
     running: float = 0.0,
     kv: float = 0.3,
+    cached: float = 0.0,
 ) -> RoleSignals:
-    """One role's signals: latency at `ratio` x target, `tokens`/s of work, 1000-token prompts."""
+    """One role's signals: latency at `ratio` x target, `tokens`/s of work, 1000-token prompts,
+    `cached` of the prompt tokens found in the prefix cache."""
     latency = NO_TRAFFIC if ratio is None else Reading.of(ratio * target_seconds(spec, role))
     work = NO_TRAFFIC if not tokens else Reading.of(tokens)
     common: dict[str, Any] = {
@@ -114,7 +122,8 @@ def signals(
         "prompt_tokens_per_second": work,
     }
     if role == "prefill":
-        return RoleSignals(ttft_seconds=latency, **common)
+        found = Reading.of(cached * tokens) if tokens else NO_TRAFFIC
+        return RoleSignals(ttft_seconds=latency, cached_prompt_tokens_per_second=found, **common)
     return RoleSignals(
         itl_seconds=latency,
         generation_tokens_per_second=work,
@@ -553,6 +562,73 @@ def test_varied_prompt_lengths_cost_more_prefill_than_prompts_of_the_mean_length
     assert seed_capacity(
         PROFILED, "decode", decode_pool, 4000, prompt_length_cv2=PROMPT_LENGTH_CV2
     ) == seed_capacity(PROFILED, "decode", decode_pool, 4000)
+
+
+@pytest.mark.parametrize("cached_share", [0.0, 0.5, 0.8])
+def test_a_prefill_seed_is_what_the_engine_serves_with_that_share_of_each_prompt_cached(
+    cached_share: float,
+) -> None:
+    """One S5000 replica of the engine simulator, kept busy with 16K-token prompts whose first
+    `cached_share` is in the prefix cache, serves prompt tokens (cached ones counted, as the
+    engines' counters count them) at the seed's rate for prompts of one length and that share."""
+    prompt, cached = 16_000, round(cached_share * 16_000)
+    engine = PDEngine([Request(0.0, prompt, 1, cached) for _ in range(120)], model=GLM_45_FP8)
+    engine.add_instance("p", EngineRole.PREFILL, S5000_REPLICA, ready_after_s=0)
+    engine.add_instance("d", EngineRole.DECODE, H200_REPLICA, ready_after_s=0)
+    records = engine.run().records
+    served = len(records) * prompt / max(r.prefill_end_s for r in records)
+    pool = PROFILED.prefill.pools[0]
+    assert seed_capacity(PROFILED, "prefill", pool, prompt, cached_share=cached_share) == (
+        pytest.approx(served, rel=0.05)
+    )
+
+
+def test_prefill_holds_on_a_load_its_prefix_cache_makes_light() -> None:
+    """Demand at 1.4x what one replica computes for cold 8K-token prompts, with 60% of the
+    prompt tokens found in the prefix cache (vLLM's prefix_cache_hits): one replica computes
+    it, and the decision says why. Without the cache reading the same load grows prefill."""
+    per_replica = seed("prefill", 8000)
+    tokens = 1.4 * per_replica
+
+    def decided(cached: Reading) -> Decision | None:
+        observation = observe(
+            PROFILED, T0, {("prefill", "p"): 1, ("decode", "d"): 1},
+            prefill={"ratio": 0.4, "tokens": tokens},
+        )  # fmt: skip
+        prefill = replace(
+            observation.signals["prefill"],
+            requests_per_second=Reading.of(tokens / 8000),
+            cached_prompt_tokens_per_second=cached,
+        )
+        observation = replace(observation, signals={**observation.signals, "prefill": prefill})
+        return decide(PROFILED, observation, PolicyState(), T0)
+
+    warm = decided(Reading.of(0.6 * tokens))
+    assert replicas(warm) == 1
+    assert warm is not None and "60% of prompt tokens cached" in warm.reason
+    assert replicas(decided(unavailable("no series"))) > 1
+    assert replicas(decided(Reading.of(0.0))) > 1
+
+
+def test_prefill_sheds_a_replica_only_where_the_rest_serve_the_load_without_the_cache():
+    """Two replicas, 60% of prompt tokens cached. A replica shed takes its prefix cache with
+    it, so one replica is enough only for a demand it computes cold: at half of what one warm
+    replica serves (over one cold replica's seed) both stay; at a fifth, one goes."""
+    pool = PROFILED.prefill.pools[0]
+    warm = seed_capacity(
+        PROFILED, "prefill", pool, 1000, prompt_length_cv2=PROMPT_LENGTH_CV2, cached_share=0.6
+    )
+    assert warm is not None and warm > 1.5 * seed("prefill", 1000)
+
+    def sizes(demand: float) -> list[int]:
+        decisions = run(
+            PROFILED, PolicyState(), {("prefill", "p"): 2, ("decode", "d"): 1}, 20,
+            prefill={"ratio": 0.3, "tokens": demand, "cached": 0.6},
+        )  # fmt: skip
+        return [replicas(d) for d in decisions]
+
+    assert sizes(0.5 * warm) == [2] * 20
+    assert sizes(0.2 * warm)[-1] == 1
 
 
 @pytest.mark.parametrize(

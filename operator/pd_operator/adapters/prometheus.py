@@ -27,6 +27,9 @@ NO_SERIES = "no series: "  # how an unavailable reading says its query found not
 QUERY_THREADS = 4  # queries of one cycle in flight at once
 # The rate window of the demand history seasonal forecasts read (`core.seasonal`).
 SEASON_RATE_WINDOW_SECONDS = 60
+# Signals an engine may lack with nothing misconfigured (prefix caching off, an older
+# version): a missing series is read as unavailable, never reported as a failing query.
+OPTIONAL_SIGNALS = frozenset({"cached_prompt_tokens_per_second"})
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,9 @@ class PrometheusReader:
                 if counter:
                     query = promql.counter_rate_query(counter, window)
                     jobs.append((signal, ("prefill", "decode"), query, keys))
+            if adapter.cached_prompt_tokens:
+                query = promql.counter_rate_query(adapter.cached_prompt_tokens, window)
+                jobs.append(("cached_prompt_tokens_per_second", ("prefill",), query, keys))
         all_keys = keys_where()
         for signal, gauge, aggregate in (
             ("queue_depth", adapter.waiting, "sum"),
@@ -253,7 +259,8 @@ class PrometheusReader:
                         reading = unavailable(f"query failed: {query}")
                     elif reading is None:
                         reading = unavailable(f"{NO_SERIES}{query}")
-                        report.failing_queries.setdefault(key, query)
+                        if signal not in OPTIONAL_SIGNALS:
+                            report.failing_queries.setdefault(key, query)
                     values.setdefault(key, {})[signal] = reading
         return {
             (t.namespace, t.name, role): RoleSignals(
@@ -296,6 +303,7 @@ def _all(
         kv_cache_usage=reading,
         requests_per_second=reading,
         prompt_tokens_per_second=reading,
+        cached_prompt_tokens_per_second=reading,
         generation_tokens_per_second=reading,
     )
     return {(t.namespace, t.name, role): every for t in targets for role in ("prefill", "decode")}

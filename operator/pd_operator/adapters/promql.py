@@ -32,6 +32,7 @@ class EngineMetrics:
     kv_usage: str | None  # fraction 0..1
     prompt_tokens: str | None  # counter, with its _total
     generation_tokens: str | None  # counter, with its _total
+    cached_prompt_tokens: str | None = None  # counter of prefix-cache hits, with its _total
 
     @classmethod
     def of(cls, names: engine_metrics.EngineMetricNames) -> "EngineMetrics":
@@ -45,6 +46,7 @@ class EngineMetrics:
             kv_usage=names.kv_usage,
             prompt_tokens=_total(names.prompt_tokens),
             generation_tokens=_total(names.generation_tokens),
+            cached_prompt_tokens=_total(names.cache_hit_tokens),
         )
 
 

@@ -82,6 +82,9 @@ class RoleLoad:
     demand_tokens_per_second: float | None = None  # served, plus the queue to drain
     memory_pressure: float | None = None  # decode KV usage x (running + waiting) / running
     mean_prompt_tokens: float | None = None
+    # Prefill: the share of prompt tokens served from the prefix cache over the window (0 when
+    # the engines do not say): the seeds count what these prompts cost to compute.
+    cached_share: float = 0.0
     running_requests: float | None = None  # summed over the Ready replicas, at the sample
     # Prefill prompts wait, at least one TTFT target's worth of what the replicas served: they
     # were busy all the time, so what they served is their throughput.
@@ -150,6 +153,8 @@ def read_load(
             return RoleLoad("idle", "no traffic")
     prompts = signals.prompt_tokens_per_second.rate_or_zero()
     mean_prompt = prompts / requests if prompts and requests else None
+    cached = signals.cached_prompt_tokens_per_second.rate_or_zero()
+    cached_share = min(1.0, cached / prompts) if role == "prefill" and cached and prompts else 0.0
     demand = served
     if role == "prefill" and demand is not None and waiting and mean_prompt:
         # Waiting requests already miss the TTFT target; clearing them within one SLO window
@@ -183,6 +188,8 @@ def read_load(
         words.append(f"demand {demand:,.0f} tokens/s")
     if role == "decode" and usage is not None:
         words.append(f"KV cache {usage:.0%} used")
+    if cached_share >= 0.01:
+        words.append(f"{cached_share:.0%} of prompt tokens cached")
     if waiting:
         words.append(f"{waiting:.0f} waiting")
     return RoleLoad(
@@ -194,6 +201,7 @@ def read_load(
         demand_tokens_per_second=demand,
         memory_pressure=pressure,
         mean_prompt_tokens=mean_prompt,
+        cached_share=cached_share,
         running_requests=running,
         saturated=saturated,
         nothing_finished=latency.value is None and seconds is not None,

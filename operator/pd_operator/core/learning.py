@@ -72,6 +72,10 @@ PREFILL_BATCH_TOKENS = 8192
 PROMPT_LENGTH_CV2 = 1.0
 # Equally likely prompt lengths the queueing estimate of prefill's utilisation at the SLO uses.
 LENGTH_CLASSES = 16
+# The largest share of prompt tokens found in the prefix cache that prefill seeds count on:
+# the share is a window's mean, and a burst of new prompts behind it computes every token, so
+# no seed assumes more than ten times the compute-free tokens of a cold prompt.
+MAX_CACHED_SHARE = 0.9
 # Decode batches searched for the seed; engines default to at most 1024 sequences.
 MAX_DECODE_BATCH = 1024
 
@@ -88,13 +92,17 @@ def seed_capacity(
     prompt_tokens: int,
     *,
     prompt_length_cv2: float = 0.0,
+    cached_share: float = 0.0,
 ) -> float | None:
     """Tokens/s per replica from the performance model, or None when the profiles are unknown.
 
-    Prefill: prompts of mean length `prompt_tokens` in batches of up to PREFILL_BATCH_TOKENS,
-    whose lengths vary with squared coefficient of variation `prompt_length_cv2` (0: all the
-    same length, as a fixed-length benchmark measures). Attention costs the square of a prompt's
-    length, so varied lengths cost more than prompts of the mean length. Decode: the largest
+    Prefill: prompts of mean length `prompt_tokens` in batches of up to PREFILL_BATCH_TOKENS
+    computed tokens, whose lengths vary with squared coefficient of variation
+    `prompt_length_cv2` (0: all the same length, as a fixed-length benchmark measures), with
+    `cached_share` of each prompt's tokens, a prefix, found in the prefix cache (not computed;
+    at most MAX_CACHED_SHARE). Attention costs the square of a prompt's length, so varied
+    lengths cost more than prompts of the mean length. The rate counts every prompt token,
+    cached or not, as the engines' prompt-token counters do. Decode: the largest
     batch of sequences holding `prompt_tokens` of context whose ITL meets the target and whose
     KV cache fits, at that batch's token rate (linear in the context: the mean is enough).
     """
@@ -104,7 +112,9 @@ def seed_capacity(
         return None
     cards = pool.accelerator.per_replica
     if role == "prefill":
-        return _prefill_tokens_per_second(hardware, model, cards, prompt_tokens, prompt_length_cv2)
+        return _prefill_tokens_per_second(
+            hardware, model, cards, prompt_tokens, prompt_length_cv2, cached_share
+        )
     most = min(MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, prompt_tokens))
     if most < 1:
         return None  # the weights, or one sequence's KV, do not fit
@@ -119,21 +129,53 @@ def seed_capacity(
     return low / (decode_itl_ms(hardware, model, cards, low, prompt_tokens) / 1000)
 
 
-def _prefill_tokens_per_second(
-    hardware: HardwareProfile, model: ModelProfile, cards: int, prompt_tokens: float, cv2: float
+def _prefill_tokens_per_second(  # noqa: PLR0917
+    hardware: HardwareProfile,
+    model: ModelProfile,
+    cards: int,
+    prompt_tokens: float,
+    cv2: float,
+    cached_share: float = 0.0,
 ) -> float:
     prompt = max(1.0, prompt_tokens)
-    batch = max(1, int(PREFILL_BATCH_TOKENS // prompt))
+    # A cached prefix of share h costs neither its tokens nor their attention: a prompt's
+    # computed work is n(1 - h) tokens and n^2(1 - h^2) of attention (`batch_ms`).
+    cached = min(max(cached_share, 0.0), MAX_CACHED_SHARE)
+    computed = max(1.0, prompt * (1 - cached))
+    batch = max(1, int(PREFILL_BATCH_TOKENS // computed))
     coefficients = PrefillCoefficients.from_profiles(hardware, model, cards)
-    squares = (1 + cv2) * prompt**2
+    squares = (1 + cv2) * prompt**2 * (1 - cached**2)
     batch_ms = coefficients.a_ms + batch * (
-        coefficients.b_ms_per_token * prompt + coefficients.c_ms_per_token2 * squares
+        coefficients.b_ms_per_token * computed + coefficients.c_ms_per_token2 * squares
     )
     return batch * prompt / (batch_ms / 1000)
 
 
+def cache_speedup(spec: PDDeploymentSpec, prompt_tokens: float, cached_share: float) -> float:
+    """How many times the prompt tokens/s of cold prompts of mean length `prompt_tokens` a
+    prefill replica serves with `cached_share` of each prompt found cached: the first prefill
+    pool with a known profile's; 1.0 without one."""
+    if cached_share <= 0:
+        return 1.0
+    for pool in spec.pools("prefill"):
+        hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
+        model = model_profile_for(spec.model.name)
+        if hardware is not None and model is not None:
+            cards, cv2 = pool.accelerator.per_replica, PROMPT_LENGTH_CV2
+            warm = _prefill_tokens_per_second(
+                hardware, model, cards, prompt_tokens, cv2, cached_share
+            )
+            return warm / _prefill_tokens_per_second(hardware, model, cards, prompt_tokens, cv2)
+    return 1.0
+
+
 def prefill_utilisation(
-    spec: PDDeploymentSpec, per_replica: Mapping[str, float], prompt_tokens: float, servers: int
+    spec: PDDeploymentSpec,
+    per_replica: Mapping[str, float],
+    prompt_tokens: float,
+    servers: int,
+    *,
+    cached_share: float = 0.0,
 ) -> float:
     """The utilisation at which `servers` prefill replicas still meet the TTFT target at its
     percentile (`core.queueing.pooled_utilisation`), for the slowest pool with an estimate in
@@ -148,6 +190,7 @@ def prefill_utilisation(
             spec.model.name,
             pool.accelerator.per_replica,
             prompt_tokens=_two_digits(prompt_tokens),
+            cached_share=round(cached_share, 2),
             tokens_per_second=_two_digits(per_replica[pool.name]),
             target_s=target.target_milliseconds / 1000,
             share=PERCENTILE_SHARES[target.percentile],
@@ -171,6 +214,7 @@ def _pool_utilisation(
     cards: int,
     *,
     prompt_tokens: float,
+    cached_share: float,
     tokens_per_second: float,
     target_s: float,
     share: float,
@@ -184,10 +228,14 @@ def _pool_utilisation(
         # The estimate is the profile's rate for this mean prompt times a learned speed.
         cv2 = PROMPT_LENGTH_CV2
         speed = tokens_per_second / _prefill_tokens_per_second(
-            hardware, model, cards, prompt_tokens, cv2
+            hardware, model, cards, prompt_tokens, cv2, cached_share
         )
         service = [
-            length / (_prefill_tokens_per_second(hardware, model, cards, length, 0.0) * speed)
+            length
+            / (
+                _prefill_tokens_per_second(hardware, model, cards, length, 0.0, cached_share)
+                * speed
+            )
             for length in lengths
         ]
     return pooled_utilisation(service, target_s, share, servers)
@@ -317,13 +365,23 @@ def _per_card_fill(pools: Sequence[PoolSpec], known: dict[str, float]) -> None:
             known.setdefault(pool.name, per_card * pool.accelerator.per_replica)
 
 
-def seeds(spec: PDDeploymentSpec, role: Role, prompt_tokens: int) -> dict[str, float]:
-    """Profile seeds of a role's pools for prompts of mean length `prompt_tokens`; empty when
-    no pool of the role has a known profile."""
+def seeds(
+    spec: PDDeploymentSpec, role: Role, prompt_tokens: int, cached_share: float = 0.0
+) -> dict[str, float]:
+    """Profile seeds of a role's pools for prompts of mean length `prompt_tokens` with
+    `cached_share` of their tokens in the prefix cache; empty when no pool of the role has a
+    known profile."""
     pools = spec.pools(role)
     known: dict[str, float] = {}
     for pool in pools:
-        seed = seed_capacity(spec, role, pool, prompt_tokens, prompt_length_cv2=PROMPT_LENGTH_CV2)
+        seed = seed_capacity(
+            spec,
+            role,
+            pool,
+            prompt_tokens,
+            prompt_length_cv2=PROMPT_LENGTH_CV2,
+            cached_share=cached_share,
+        )
         if seed is not None:
             known[pool.name] = seed
     _per_card_fill(pools, known)
@@ -343,6 +401,7 @@ def estimate_capacity(
     latency_bucket: tuple[float, float] | None = None,
     factor: float | None = None,
     saturated: bool = False,
+    cached_share: float = 0.0,
 ) -> RoleCapacity:
     """This interval's capacity estimate, corrected by what the ready replicas serve at the
     latency they show: the seeds times the learned `factor`, or without seeds the remembered
@@ -351,7 +410,7 @@ def estimate_capacity(
     the quantity prefill seeds estimate; a prefill breach without it teaches nothing, except
     as a role's first estimate."""
     pools: Sequence[PoolSpec] = spec.pools(role)
-    known = seeds(spec, role, prompt_tokens)
+    known = seeds(spec, role, prompt_tokens, cached_share)
     from_seeds = bool(known)
     scale = 1.0 if factor is None else factor
     if from_seeds:

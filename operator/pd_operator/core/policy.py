@@ -47,6 +47,7 @@ from pd_operator.core.learning import (
     BREACH_RATIO,
     DEFAULT_PROMPT_TOKENS,
     RoleCapacity,
+    cache_speedup,
     decode_utilisation,
     estimate_capacity,
     prefill_utilisation,
@@ -212,6 +213,7 @@ def _utilisation(
     slots: list[Slot],
     *,
     memory: RoleMemory,
+    cached_share: float = 0.0,
 ) -> tuple[float, float]:
     """The shares of the estimated capacity the role grows at and shrinks to."""
     if capacity.basis is None:
@@ -226,9 +228,17 @@ def _utilisation(
     per_replica = capacity.per_replica
     # The queueing estimate only raises the margins: it does not see bursts, nor lengths more
     # varied than it assumes, so it never sizes tighter than the fixed margins would.
-    grow_at = PREFILL_GROW_SHARE * prefill_utilisation(spec, per_replica, prompt, replicas)
-    shrink_at = PREFILL_SHRINK_SHARE * prefill_utilisation(spec, per_replica, prompt, replicas - 1)
-    return max(TARGET_UTILISATION, grow_at), max(SCALE_DOWN_UTILISATION, shrink_at)
+    grow_at = PREFILL_GROW_SHARE * prefill_utilisation(
+        spec, per_replica, prompt, replicas, cached_share=cached_share
+    )
+    shrink_at = PREFILL_SHRINK_SHARE * prefill_utilisation(
+        spec, per_replica, prompt, replicas - 1, cached_share=cached_share
+    )
+    # A replica shed takes its prefix cache with it: the prompts it held come back cold, so
+    # the replicas left must serve the demand without the cache's help. Only growing counts
+    # on it (a new replica destroys no cache).
+    cold = cache_speedup(spec, prompt, cached_share)
+    return max(TARGET_UTILISATION, grow_at), max(SCALE_DOWN_UTILISATION, shrink_at) / cold
 
 
 def _capacity(
@@ -269,6 +279,7 @@ def _capacity(
         prompt_tokens=max(1, round(prompt)),
         latency_bucket=load.latency_bucket,
         saturated=load.saturated,
+        cached_share=load.cached_share,
     )
 
 
@@ -443,7 +454,9 @@ def _seasonal_floors(
     if expected is None or expected.tokens_per_second <= 0:
         return
     slots = [p.slot() for p in pools]
-    grow_at, _ = _utilisation(spec, pools[0].role, capacity, prompt, slots, memory=memory)
+    grow_at, _ = _utilisation(
+        spec, pools[0].role, capacity, prompt, slots, memory=memory, cached_share=load.cached_share
+    )
     needed = expected.tokens_per_second / grow_at
     for pool in pools:
         if needed <= EPSILON or pool.weight <= 0:
@@ -496,7 +509,15 @@ def _decide_role(
             ready,
             placeable,
             one_less(slots),
-            utilisation=_utilisation(spec, pools[0].role, capacity, prompt, slots, memory=memory),
+            utilisation=_utilisation(
+                spec,
+                pools[0].role,
+                capacity,
+                prompt,
+                slots,
+                memory=memory,
+                cached_share=load.cached_share,
+            ),
         )
         if need.grow_to is not None:
             allocation = grow(slots, need.grow_to, ledger)

@@ -75,6 +75,9 @@ class RoleSignals:
     kv_cache_usage: Reading = NOT_READ  # a fraction; above 1 only by rounding
     requests_per_second: Reading = NOT_READ
     prompt_tokens_per_second: Reading = NOT_READ
+    # Of those, the prompt tokens found in the engines' prefix cache (vLLM's
+    # prefix_cache_hits, SGLang's cached_tokens): not computed again.
+    cached_prompt_tokens_per_second: Reading = NOT_READ
     generation_tokens_per_second: Reading = NOT_READ
     # The role's mean latency over the window (TTFT for prefill, ITL for decode), from the
     # histogram's sum and count: exact, unlike a percentile read inside a bucket.

@@ -27,6 +27,7 @@ class RoleScrape:
     bounds: tuple[float, ...]
     latency_sum: float
     prompt_tokens: int
+    cached_tokens: int  # prompt tokens found in the prefix cache (vLLM's prefix_cache_hits)
     generation_tokens: int
     waiting: int
     running: int
@@ -65,6 +66,7 @@ def scrape(engine: PDEngine, time_s: float) -> Scrape:
             bounds=bounds,
             latency_sum=latency_sum,
             prompt_tokens=sum(i.prompt_tokens_total for i in members),
+            cached_tokens=sum(i.prefix_cache_hits_total for i in members),
             generation_tokens=sum(i.generation_tokens_total for i in members),
             waiting=sum(i.waiting for i in live),
             running=sum(i.running for i in live),
@@ -142,6 +144,7 @@ def role_signals(
             kv_cache_usage=Reading.of(b.kv_usage_sum / b.pods),
             requests_per_second=Reading.of(requests),
             prompt_tokens_per_second=Reading.of((b.prompt_tokens - a.prompt_tokens) / span),
+            cached_prompt_tokens_per_second=Reading.of((b.cached_tokens - a.cached_tokens) / span),
             generation_tokens_per_second=Reading.of(
                 (b.generation_tokens - a.generation_tokens) / span
             ),
