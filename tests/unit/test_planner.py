@@ -4,6 +4,7 @@ import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -314,3 +315,36 @@ def test_pdctl_plan_leaves_out_requests_over_the_model_s_context_length(
         if name == "mixed":
             assert "10 requests of the trace exceed glm-4.5-fp8's context length" in captured.err
     assert plans["mixed"] == plans["fit"]
+
+
+def test_pdctl_plan_takes_a_trace_s_prefix_reuse_from_its_block_hashes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every prompt of this trace opens with the same 6,144-token system prompt (12 blocks of
+    512) and adds 2,048 tokens of its own: the plan counts three quarters of each prompt as
+    cached, says so, and is the plan `--cache-hit 0.75` gives; `--cache-hit` still decides."""
+    shared = list(range(12))
+    rows = [
+        {
+            "timestamp": k * 100,
+            "input_length": 8192,
+            "output_length": 200,
+            "hash_ids": shared + [1000 + 4 * k + j for j in range(4)],
+        }
+        for k in range(1200)
+    ]
+    trace = tmp_path / "system-prompt.jsonl"
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = ["plan", "--trace", str(trace), "--ttft-ms", "2000", "--itl-ms", "30", "-o", "json"]
+
+    def planned(*extra: str) -> tuple[dict[str, Any], str]:
+        assert main([*common, *extra]) == 0
+        captured = capsys.readouterr()
+        return json.loads(captured.out), captured.err
+
+    reused, said = planned()
+    assert "find 75% of their tokens in earlier prompts' prefixes" in said
+    assert reused["pools"] == planned("--cache-hit", "0.75")[0]["pools"]
+    cold, quiet = planned("--cache-hit", "0")
+    assert "prefixes" not in quiet
+    assert reused["cost_per_hour"] < cold["cost_per_hour"]

@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -350,7 +351,7 @@ def _simulate(args: argparse.Namespace) -> int:
         requests = _trace_requests(args, args.warmup)
     else:
         lengths = TokenLengths(
-            args.input_tokens, args.output_tokens, 1.0, 1.0, cached_fraction=args.cache_hit
+            args.input_tokens, args.output_tokens, 1.0, 1.0, cached_fraction=args.cache_hit or 0.0
         )
         profile = constant_rate(args.rate, (args.duration or 600.0) + args.warmup)
         requests = list(synthetic_requests(profile, lengths, seed=args.seed))
@@ -419,7 +420,9 @@ PLAN_LENGTH_SAMPLES = 4000  # lengths drawn for `pdctl plan --length-cv`
 SYNTHETIC_REPLAY_SECONDS = 600.0  # `pdctl plan --replay` without --trace or --duration
 
 
-def _workload_from(args: argparse.Namespace, requests: list["Request"]) -> "Workload":
+def _workload_from(
+    args: argparse.Namespace, requests: list["Request"], cache_hit: float
+) -> "Workload":
     """The planner's workload: `requests` (a trace's window) or the synthetic flags."""
     import random
 
@@ -427,14 +430,52 @@ def _workload_from(args: argparse.Namespace, requests: list["Request"]) -> "Work
 
     if not requests:
         if args.length_cv <= 0:
-            return Workload(args.rate, args.input_tokens, args.output_tokens, args.cache_hit)
+            return Workload(args.rate, args.input_tokens, args.output_tokens, cache_hit)
         # A fixed sample of Gamma lengths (seed 0) stands for the distribution.
         rng = random.Random(0)
         pairs = [_plan_lengths(args).sample(rng)[:2] for _ in range(PLAN_LENGTH_SAMPLES)]
-        return Workload.from_lengths(args.rate, pairs, args.cache_hit)
+        return Workload.from_lengths(args.rate, pairs, cache_hit)
     span = max(1.0, requests[-1].arrival_s - requests[0].arrival_s)
     pairs = [(r.input_tokens, r.output_tokens) for r in requests]
-    return Workload.from_lengths(len(requests) / span, pairs, args.cache_hit)
+    return Workload.from_lengths(len(requests) / span, pairs, cache_hit)
+
+
+def _plan_trace(args: argparse.Namespace, model: "ModelProfile") -> tuple[list["Request"], float]:
+    """The --trace window's requests the model takes (none without --trace), and the prefix-
+    cache hit rate to plan with: --cache-hit, else the trace's own reuse, else 0."""
+    from pd_operator.sim.offline import admitted
+
+    trace = _trace_requests(args) if args.trace else []
+    requests, refused = admitted(trace, model.max_context_tokens)
+    if refused:
+        print(
+            f"pdctl plan: {len(refused):,} requests of the trace exceed {model.name}'s context "
+            f"length ({model.max_context_tokens:,} tokens with the answer): left out, as the "
+            "engines refuse them",
+            file=sys.stderr,
+        )
+    cache_hit = args.cache_hit
+    if cache_hit is None:
+        cache_hit = _trace_cache_hit(requests) or 0.0
+        if cache_hit > 0:
+            print(
+                f"pdctl plan: the trace's prompts find {cache_hit:.0%} of their tokens in earlier "
+                "prompts' prefixes (as if every replica shared one unbounded cache; per-replica "
+                "caches find less: --replay measures it); --cache-hit sets another share",
+                file=sys.stderr,
+            )
+    return list(requests), cache_hit
+
+
+def _trace_cache_hit(requests: Sequence["Request"]) -> float | None:
+    """The share of a trace's prompt tokens found in earlier prompts' prefixes (an unbounded
+    cache shared by every replica: the best case); None when it carries no block hashes."""
+    from pd_operator.sim.workload import reused_prefix_tokens
+
+    if not any(r.hash_ids for r in requests):
+        return None
+    prompts = sum(r.input_tokens for r in requests)
+    return sum(reused_prefix_tokens(requests)) / prompts if prompts else None
 
 
 def _synthetic_load(args: argparse.Namespace) -> list["Request"]:
@@ -457,7 +498,7 @@ def _plan_lengths(args: argparse.Namespace) -> "TokenLengths":
         args.output_tokens,
         args.length_cv,
         args.length_cv,
-        cached_fraction=args.cache_hit,
+        cached_fraction=args.cache_hit or 0.0,
     )
 
 
@@ -477,7 +518,6 @@ def _plan(args: argparse.Namespace) -> int:
         plan,
         plan_table,
     )
-    from pd_operator.sim.offline import admitted
     from pd_operator.sim.plan_replay import (
         cheapest_replayed,
         replay_shortfall,
@@ -496,16 +536,8 @@ def _plan(args: argparse.Namespace) -> int:
         output_per_million=args.output_price,
         blended_per_million=args.blended_price if args.blended_price > 0 else None,
     )
-    trace = _trace_requests(args) if args.trace else []
-    requests, refused = admitted(trace, model.max_context_tokens)
-    if refused:
-        print(
-            f"pdctl plan: {len(refused):,} requests of the trace exceed {model.name}'s context "
-            f"length ({model.max_context_tokens:,} tokens with the answer): left out, as the "
-            "engines refuse them",
-            file=sys.stderr,
-        )
-    workload = _workload_from(args, list(requests))
+    requests, cache_hit = _plan_trace(args, model)
+    workload = _workload_from(args, requests, cache_hit)
     target = Target(args.ttft_ms, args.itl_ms, args.share)
     replayed = None
     if args.replay:
@@ -560,7 +592,11 @@ def _add_load_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=positive, default=1.0, help="synthetic requests per second")
     parser.add_argument("--input-tokens", type=tokens, default=8000.0, help="mean prompt length")
     parser.add_argument("--output-tokens", type=tokens, default=300.0, help="mean output length")
-    parser.add_argument("--cache-hit", type=fraction, default=0.0, help="prefix-cache hit rate")
+    parser.add_argument(
+        "--cache-hit",
+        type=fraction,
+        help="prefix-cache hit rate (default 0; plan --trace with block hashes: the trace's own)",
+    )
 
 
 def _add_simulate(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

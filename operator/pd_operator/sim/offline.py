@@ -53,6 +53,7 @@ from pd_operator.sim.workload import (
     ReplayOptions,
     Request,
     read_trace,
+    reused_prefix_tokens,
 )
 
 POLICY_NAMES = (
@@ -601,19 +602,9 @@ def idle_latencies(
         ]
         for role in ROLES
     }
-    seen: set[int] = set()
     out = []
-    for request in requests:
-        n, cached = request.input_tokens, request.cached_tokens
-        if request.hash_ids:
-            hits = 0
-            for block in request.hash_ids:
-                if block not in seen:
-                    break
-                hits += 1
-            seen.update(request.hash_ids)
-            cached = hits * block_tokens
-        cached = min(cached, n - 1)  # the last prompt token is always computed
+    for request, cached in zip(requests, reused_prefix_tokens(requests, block_tokens), strict=True):
+        n = request.input_tokens
         prefill_ms = min(r.prefill.batch_ms([n], [cached]) for r in replicas["prefill"])
         ttft, tpot = prefill_ms / 1000, math.nan
         if request.output_tokens > 1:  # a one-token answer is done at prefill, no KV moves

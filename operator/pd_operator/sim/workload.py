@@ -50,6 +50,29 @@ class Request:
             raise ValueError(f"arrival time must be finite and >= 0: {self}")
 
 
+def reused_prefix_tokens(
+    requests: Iterable[Request], block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> list[int]:
+    """Each request's prompt tokens found cached if every earlier prompt's blocks stayed in one
+    unbounded cache that all replicas share (the best case): its leading blocks seen before, or
+    its own `cached_tokens` when it carries no block ids; never the last prompt token, which
+    yields the first output token."""
+    seen: set[int] = set()
+    out = []
+    for request in requests:
+        cached = request.cached_tokens
+        if request.hash_ids:
+            hits = 0
+            for block in request.hash_ids:
+                if block not in seen:
+                    break
+                hits += 1
+            seen.update(request.hash_ids)
+            cached = hits * block_tokens
+        out.append(min(cached, request.input_tokens - 1))
+    return out
+
+
 # --- rate profiles --------------------------------------------------------------------------
 
 
