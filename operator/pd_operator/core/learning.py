@@ -113,7 +113,7 @@ def seed_capacity(
     cards = pool.accelerator.per_replica
     if role == "prefill":
         return _prefill_tokens_per_second(
-            hardware, model, cards, prompt_tokens, prompt_length_cv2, cached_share
+            hardware, model, cards, prompt_tokens, prompt_length_cv2, cached_share=cached_share
         )
     most = min(MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, prompt_tokens))
     if most < 1:
@@ -129,12 +129,13 @@ def seed_capacity(
     return low / (decode_itl_ms(hardware, model, cards, low, prompt_tokens) / 1000)
 
 
-def _prefill_tokens_per_second(  # noqa: PLR0917
+def _prefill_tokens_per_second(
     hardware: HardwareProfile,
     model: ModelProfile,
     cards: int,
     prompt_tokens: float,
     cv2: float,
+    *,
     cached_share: float = 0.0,
 ) -> float:
     prompt = max(1.0, prompt_tokens)
@@ -155,15 +156,15 @@ def cache_speedup(spec: PDDeploymentSpec, prompt_tokens: float, cached_share: fl
     """How many times the prompt tokens/s of cold prompts of mean length `prompt_tokens` a
     prefill replica serves with `cached_share` of each prompt found cached: the first prefill
     pool with a known profile's; 1.0 without one."""
-    if cached_share <= 0:
+    model = model_profile_for(spec.model.name)
+    if cached_share <= 0 or model is None:
         return 1.0
     for pool in spec.pools("prefill"):
         hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
-        model = model_profile_for(spec.model.name)
-        if hardware is not None and model is not None:
+        if hardware is not None:
             cards, cv2 = pool.accelerator.per_replica, PROMPT_LENGTH_CV2
             warm = _prefill_tokens_per_second(
-                hardware, model, cards, prompt_tokens, cv2, cached_share
+                hardware, model, cards, prompt_tokens, cv2, cached_share=cached_share
             )
             return warm / _prefill_tokens_per_second(hardware, model, cards, prompt_tokens, cv2)
     return 1.0
@@ -181,8 +182,8 @@ def prefill_utilisation(
     percentile (`core.queueing.pooled_utilisation`), for the slowest pool with an estimate in
     `per_replica` (tokens/s). Prompts of mean `prompt_tokens` are taken as exponentially
     distributed (PROMPT_LENGTH_CV2); with a known profile a prompt's service grows with its
-    length as the performance model says (attention), else linearly. MAX_UTILISATION when no
-    pool has an estimate."""
+    length as the performance model says (attention), `cached_share` of each prompt cached,
+    else linearly. MAX_UTILISATION when no pool has an estimate."""
     target = spec.slo.ttft
     found = [
         _pool_utilisation(
@@ -228,12 +229,14 @@ def _pool_utilisation(
         # The estimate is the profile's rate for this mean prompt times a learned speed.
         cv2 = PROMPT_LENGTH_CV2
         speed = tokens_per_second / _prefill_tokens_per_second(
-            hardware, model, cards, prompt_tokens, cv2, cached_share
+            hardware, model, cards, prompt_tokens, cv2, cached_share=cached_share
         )
         service = [
             length
             / (
-                _prefill_tokens_per_second(hardware, model, cards, length, 0.0, cached_share)
+                _prefill_tokens_per_second(
+                    hardware, model, cards, length, 0.0, cached_share=cached_share
+                )
                 * speed
             )
             for length in lengths
