@@ -109,6 +109,14 @@ class RoleLoad:
     tail_only: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
 
+    @property
+    def growth_demand(self) -> float | None:
+        """The demand growth sizes for: served tokens/s only while arriving replicas drain the
+        queue (`queue_drained`), else the demand with the queue."""
+        return (
+            self.served_tokens_per_second if self.queue_drained else self.demand_tokens_per_second
+        )
+
 
 def read_load(
     spec: PDDeploymentSpec,
@@ -293,8 +301,7 @@ def role_need(
             floors.append(placeable_capacity)
     if demand is not None and capacity.basis is not None:
         if sizes_growth:
-            wanted = load.served_tokens_per_second if load.queue_drained else demand
-            grow.append((wanted or 0.0) / grow_at)
+            grow.append((load.growth_demand or 0.0) / grow_at)
         floors.append(demand / shrink_to_at)
     pressure = load.memory_pressure
     if pressure is not None and ready_capacity > 0:

@@ -405,13 +405,16 @@ def estimate_capacity(
     factor: float | None = None,
     saturated: bool = False,
     cached_share: float = 0.0,
+    bound_only: bool = False,
 ) -> RoleCapacity:
     """This interval's capacity estimate, corrected by what the ready replicas serve at the
     latency they show: the seeds times the learned `factor`, or without seeds the remembered
     estimates. `saturated`: the replicas were busy all the time (a TTFT target's worth of
     prompts waiting, `RoleLoad.saturated`), so in a breach what they served is their throughput,
     the quantity prefill seeds estimate; a prefill breach without it teaches nothing, except
-    as a role's first estimate."""
+    as a role's first estimate. `bound_only`: what was served bounds the capacity from below
+    and no more (replicas became Ready within the window), so only a reading well under the
+    target teaches, and only upward."""
     pools: Sequence[PoolSpec] = spec.pools(role)
     known = seeds(spec, role, prompt_tokens, cached_share)
     from_seeds = bool(known)
@@ -434,6 +437,8 @@ def estimate_capacity(
     served = served_tokens_per_second or 0.0
     # Idle replicas say nothing about capacity, nor does a reading its bucket cannot resolve.
     evidence = None if latency_ratio is None else latency_evidence(latency_ratio, latency_bucket)
+    if bound_only and evidence != "under":
+        evidence = None
     if (
         role == "prefill"
         and evidence == "breach"

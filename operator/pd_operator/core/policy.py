@@ -152,6 +152,16 @@ class _Pool:
         settled = not runs or (runs[-1][1] == ready and (len(runs) == 1 or runs[-1][0] <= start))
         return min(counts), settled
 
+    def left_within(self, now: float, window: float) -> bool:
+        """Replicas stopped being Ready within the last window (a scale-down, a failure)."""
+        runs, start = self.memory.ready_runs, now - window
+        ends = [since for since, _ in runs[1:]] + [now]
+        return any(
+            count > self.seen.ready
+            for (_, count), end in zip(runs, ends, strict=False)
+            if end > start
+        )
+
     def slot(self) -> Slot:
         blocked = self.seen.unschedulable > 0
         return Slot(self.spec, self.current, self.placeable, self.weight, blocked)
@@ -213,9 +223,14 @@ def _utilisation(
     slots: list[Slot],
     *,
     memory: RoleMemory,
-    cached_share: float = 0.0,
+    load: RoleLoad,
+    demand: float | None = None,
 ) -> tuple[float, float]:
-    """The shares of the estimated capacity the role grows at and shrinks to."""
+    """The shares of the estimated capacity the role grows at and shrinks to; prefill's
+    growth share is the one of the size that `demand` (tokens/s; default: the load's growth
+    demand) needs."""
+    cached_share = load.cached_share
+    demand = load.growth_demand if demand is None else demand
     if capacity.basis is None:
         return TARGET_UTILISATION, SCALE_DOWN_UTILISATION
     if role == "decode":
@@ -226,11 +241,29 @@ def _utilisation(
         return grow_at, grow_at * SCALE_DOWN_UTILISATION / TARGET_UTILISATION
     replicas = sum(s.placeable for s in slots)
     per_replica = capacity.per_replica
-    # The queueing estimate only raises the margins: it does not see bursts, nor lengths more
-    # varied than it assumes, so it never sizes tighter than the fixed margins would.
-    grow_at = PREFILL_GROW_SHARE * prefill_utilisation(
-        spec, per_replica, prompt, replicas, cached_share=cached_share
-    )
+
+    def grow_share(servers: int) -> float:
+        # The queueing estimate only raises the margins: it does not see bursts, nor lengths
+        # more varied than it assumes, so it never sizes tighter than the fixed margins would.
+        return max(
+            TARGET_UTILISATION,
+            PREFILL_GROW_SHARE
+            * prefill_utilisation(spec, per_replica, prompt, servers, cached_share=cached_share),
+        )
+
+    grow_at = grow_share(replicas)
+    if demand is not None and demand > grow_at * _capacity_of(slots, replicas):
+        # More replicas queue less, so each may run hotter: grow to the smallest size that
+        # holds the demand at its own share, not at the current size's (which overshot: 2 -> 8
+        # replicas where 7 held, and the 8th was shed a window later).
+        grow_at = next(
+            (
+                share
+                for servers in range(replicas + 1, _replicas_for(slots, demand / grow_at) + 1)
+                if demand <= (share := grow_share(servers)) * _capacity_of(slots, servers)
+            ),
+            grow_at,
+        )
     shrink_at = PREFILL_SHRINK_SHARE * prefill_utilisation(
         spec, per_replica, prompt, replicas - 1, cached_share=cached_share
     )
@@ -238,7 +271,36 @@ def _utilisation(
     # the replicas left must serve the demand without the cache's help. Only growing counts
     # on it (a new replica destroys no cache).
     cold = cache_speedup(spec, prompt, cached_share)
-    return max(TARGET_UTILISATION, grow_at), max(SCALE_DOWN_UTILISATION, shrink_at) / cold
+    return grow_at, max(SCALE_DOWN_UTILISATION, shrink_at) / cold
+
+
+def _capacity_of(slots: list[Slot], replicas: int) -> float:
+    """The role's capacity with `replicas` replicas, added in the pools' order of preference
+    (as `allocation.grow` adds them) up to each pool's max."""
+    total = sum(s.placeable * s.weight for s in slots)
+    extra = replicas - sum(s.placeable for s in slots)
+    for slot in slots:
+        added = max(0, min(extra, slot.pool.replicas.max - slot.placeable))
+        total, extra = total + added * slot.weight, extra - added
+    return total
+
+
+def _replicas_for(slots: list[Slot], target: float) -> int:
+    """The replicas `allocation.grow` would give the role for `target` capacity (bounded by
+    the pools' max)."""
+    replicas = sum(s.placeable for s in slots)
+    missing = target - sum(s.placeable * s.weight for s in slots)
+    for slot in slots:
+        if missing <= EPSILON or slot.weight <= 0:
+            break
+        added = max(
+            0,
+            min(
+                math.ceil(missing / slot.weight - EPSILON), slot.pool.replicas.max - slot.placeable
+            ),
+        )
+        replicas, missing = replicas + added, missing - added * slot.weight
+    return replicas
 
 
 def _capacity(
@@ -258,10 +320,15 @@ def _capacity(
         if p.memory.capacity_per_replica is not None
     }
     # Signals over a window in which replicas became Ready (or left) mix two sizes: what they
-    # say per replica is wrong either way, so they teach nothing until the window has passed.
-    settled = all(p.window_ready(now, spec.slo.window_seconds)[1] for p in pools)
+    # say per replica is no measure until the window has passed. Where replicas only arrived,
+    # each served at least the window's rate per replica Ready now: a lower bound, which a
+    # latency well under the target lets raise the estimate (else the growth sized on an
+    # estimate that low adds a replica that the next settled window sheds).
+    window = spec.slo.window_seconds
+    settled = all(p.window_ready(now, window)[1] for p in pools)
+    bound_only = not settled and not any(p.left_within(now, window) for p in pools)
     # A futile breach says nothing about capacity: replicas were not what it lacked.
-    active = load.status == "active" and settled and not load.futile
+    active = load.status == "active" and (settled or bound_only) and not load.futile
     memory = state.role(role)
     return estimate_capacity(
         spec,
@@ -280,6 +347,7 @@ def _capacity(
         latency_bucket=load.latency_bucket,
         saturated=load.saturated,
         cached_share=load.cached_share,
+        bound_only=not settled,
     )
 
 
@@ -454,8 +522,9 @@ def _seasonal_floors(
     if expected is None or expected.tokens_per_second <= 0:
         return
     slots = [p.slot() for p in pools]
+    role, demand = pools[0].role, expected.tokens_per_second
     grow_at, _ = _utilisation(
-        spec, pools[0].role, capacity, prompt, slots, memory=memory, cached_share=load.cached_share
+        spec, role, capacity, prompt, slots, memory=memory, load=load, demand=demand
     )
     needed = expected.tokens_per_second / grow_at
     for pool in pools:
@@ -510,13 +579,7 @@ def _decide_role(
             placeable,
             one_less(slots),
             utilisation=_utilisation(
-                spec,
-                pools[0].role,
-                capacity,
-                prompt,
-                slots,
-                memory=memory,
-                cached_share=load.cached_share,
+                spec, pools[0].role, capacity, prompt, slots, memory=memory, load=load
             ),
         )
         if need.grow_to is not None:
