@@ -1692,7 +1692,7 @@ def reversals(sizes: list[int]) -> int:
 # Found in session 9: the probe one replica down breached by 11% with no prompt waiting, which
 # taught nothing (a burst, the rule said), so the probe came back every window.
 @example(load=1848.0, capacity=885.0, start=3, error=None)
-# Found in session 13 (a rare draw, so CI passed by chance): prefill grew 2 -> 5 -> 8 at the
+# Found on 2026-12-01 (a rare draw, so CI passed by chance): prefill grew 2 -> 5 -> 8 at the
 # queueing share of the size it had, where 7 held at their own, and shed the 8th a window later.
 @example(load=4128.0, capacity=916.0, start=2, error=0.8046875)
 # The same draw's neighbour: 5 Ready replicas well under the target showed the estimate low,
