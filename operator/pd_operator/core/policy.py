@@ -256,10 +256,11 @@ def _utilisation(
         # More replicas queue less, so each may run hotter: grow to the smallest size that
         # holds the demand at its own share, not at the current size's (which overshot: 2 -> 8
         # replicas where 7 held, and the 8th was shed a window later).
+        most = sum(grow(slots, demand / grow_at, None).replicas.values())
         grow_at = next(
             (
                 share
-                for servers in range(replicas + 1, _replicas_for(slots, demand / grow_at) + 1)
+                for servers in range(replicas + 1, most + 1)
                 if demand <= (share := grow_share(servers)) * _capacity_of(slots, servers)
             ),
             grow_at,
@@ -285,24 +286,6 @@ def _capacity_of(slots: list[Slot], replicas: int) -> float:
     return total
 
 
-def _replicas_for(slots: list[Slot], target: float) -> int:
-    """The replicas `allocation.grow` would give the role for `target` capacity (bounded by
-    the pools' max)."""
-    replicas = sum(s.placeable for s in slots)
-    missing = target - sum(s.placeable * s.weight for s in slots)
-    for slot in slots:
-        if missing <= EPSILON or slot.weight <= 0:
-            break
-        added = max(
-            0,
-            min(
-                math.ceil(missing / slot.weight - EPSILON), slot.pool.replicas.max - slot.placeable
-            ),
-        )
-        replicas, missing = replicas + added, missing - added * slot.weight
-    return replicas
-
-
 def _capacity(
     spec: PDDeploymentSpec,
     role: Role,
@@ -326,9 +309,9 @@ def _capacity(
     # estimate that low adds a replica that the next settled window sheds).
     window = spec.slo.window_seconds
     settled = all(p.window_ready(now, window)[1] for p in pools)
-    bound_only = not settled and not any(p.left_within(now, window) for p in pools)
+    arrived_only = not settled and not any(p.left_within(now, window) for p in pools)
     # A futile breach says nothing about capacity: replicas were not what it lacked.
-    active = load.status == "active" and (settled or bound_only) and not load.futile
+    active = load.status == "active" and (settled or arrived_only) and not load.futile
     memory = state.role(role)
     return estimate_capacity(
         spec,
