@@ -15,7 +15,8 @@ windows meet both.
 
 The oracle depends on the trace and the simulator, not on the policy: `--oracle-cache FILE`
 keeps its card-hours per window in FILE and reuses them, so iterating on the policy reruns
-only `pd-operator` (about 2.5 minutes for every window on two cores, the oracle about 20).
+only `pd-operator` (about 35 s for every window on two cores; the first run, with the oracle,
+about 10 minutes).
 Delete the file when the simulator or the deployment changes. `--only` runs the windows whose
 name contains the substring.
 """
@@ -92,7 +93,7 @@ def unseen_windows(trace: Path) -> list[Window]:
     ]
 
 
-def card_hours(window: Window, policy: str, seed: int) -> tuple[float, float, int] | None:
+def run_window(window: Window, policy: str, seed: int) -> tuple[float, float, int] | None:
     """(feasible attainment, card-hours, scale actions) of one policy on one window; None when
     the trace holds less than MIN_SPAN_S of it."""
     spec = parse_pddeployment(example_document(percentile="P99")).spec
@@ -146,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = [(w, p) for w in windows for p in policies if p != "oracle"]
     runs += [(w, "oracle") for w in windows if cache_key(w, args.seed) not in cache]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {run: pool.submit(card_hours, run[0], run[1], args.seed) for run in runs}
+        futures = {run: pool.submit(run_window, run[0], run[1], args.seed) for run in runs}
         results = {run: future.result() for run, future in futures.items()}
     for (window, policy), outcome in results.items():
         if policy == "oracle":

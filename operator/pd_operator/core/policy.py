@@ -139,28 +139,26 @@ class _Pool:
     def current(self) -> int:
         return self.seen.replicas
 
+    def _window_counts(self, now: float, window: float) -> list[int]:
+        """The Ready counts in force at some time in the last window, the current one first."""
+        runs, start = self.memory.ready_runs, now - window
+        ends = [since for since, _ in runs[1:]] + [now]
+        in_window = (count for (_, count), end in zip(runs, ends, strict=False) if end > start)
+        return [self.seen.ready, *in_window]
+
     def window_ready(self, now: float, window: float) -> tuple[int, bool]:
         """The fewest replicas Ready at any time in the last window, and whether the Ready count
         held all that window (then the window's signals describe the replicas Ready now)."""
         runs, ready = self.memory.ready_runs, self.seen.ready
-        start = now - window
-        ends = [since for since, _ in runs[1:]] + [now]
-        counts = [ready] + [
-            count for (_, count), end in zip(runs, ends, strict=False) if end > start
-        ]
         # The first run is when the policy started watching, not a change.
-        settled = not runs or (runs[-1][1] == ready and (len(runs) == 1 or runs[-1][0] <= start))
-        return min(counts), settled
+        settled = not runs or (
+            runs[-1][1] == ready and (len(runs) == 1 or runs[-1][0] <= now - window)
+        )
+        return min(self._window_counts(now, window)), settled
 
     def left_within(self, now: float, window: float) -> bool:
         """Replicas stopped being Ready within the last window (a scale-down, a failure)."""
-        runs, start = self.memory.ready_runs, now - window
-        ends = [since for since, _ in runs[1:]] + [now]
-        return any(
-            count > self.seen.ready
-            for (_, count), end in zip(runs, ends, strict=False)
-            if end > start
-        )
+        return max(self._window_counts(now, window)) > self.seen.ready
 
     def slot(self) -> Slot:
         blocked = self.seen.unschedulable > 0
@@ -509,7 +507,7 @@ def _seasonal_floors(
     grow_at, _ = _utilisation(
         spec, role, capacity, prompt, slots, memory=memory, load=load, demand=demand
     )
-    needed = expected.tokens_per_second / grow_at
+    needed = demand / grow_at
     for pool in pools:
         if needed <= EPSILON or pool.weight <= 0:
             break
