@@ -82,6 +82,22 @@ TIE = 0.01  # card-hours within 1% count as the same
 HINDSIGHT = ("oracle", "prescient")
 
 
+def rivals_against(
+    attained: float, hours: float, others: Mapping[str, tuple[float, float]]
+) -> tuple[list[str], list[str]]:
+    """The policies (not pd-operator, nor a hindsight bound) among `others` (attainment,
+    card-hours) that reach `attained`: those with fewer card-hours than `hours`, and those
+    with the same (within TIE)."""
+    rivals = {
+        name: their_hours
+        for name, (their_attained, their_hours) in others.items()
+        if name not in ("pd-operator", *HINDSIGHT) and their_attained >= attained
+    }
+    cheaper = [name for name, h in rivals.items() if h < hours * (1 - TIE)]
+    tied = [name for name, h in rivals.items() if abs(h - hours) <= hours * TIE]
+    return cheaper, tied
+
+
 def targets(results: Mapping[str, SimResult]) -> str:
     """The issue's targets for pd-operator on one trace, as a line of text."""
     ours = results.get("pd-operator")
@@ -101,13 +117,14 @@ def targets(results: Mapping[str, SimResult]) -> str:
         ratio = sum(prescient.card_hours.values()) / max(1e-9, sum(oracle.card_hours.values()))
         foreseen = prescient.attainment()["feasible"]
         parts.append(f"a perfect forecast with the model load: {foreseen:.3f} at {ratio:.2f}x")
-    rivals = {
-        name: sum(other.card_hours.values())
-        for name, other in results.items()
-        if name not in ("pd-operator", *HINDSIGHT) and other.attainment()["feasible"] >= attained
-    }
-    cheaper = [name for name, h in rivals.items() if h < hours * (1 - TIE)]
-    tied = [name for name, h in rivals.items() if abs(h - hours) <= hours * TIE]
+    cheaper, tied = rivals_against(
+        attained,
+        hours,
+        {
+            name: (other.attainment()["feasible"], sum(other.card_hours.values()))
+            for name, other in results.items()
+        },
+    )
     if cheaper:
         parts.append(f"{', '.join(cheaper)} reach(es) that attainment with fewer card-hours")
     else:
