@@ -33,11 +33,24 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies import ATTAINMENT_TARGET, ORACLE_RATIO_TARGET, TRACES, _options, rivals_against
+from policies import (
+    ATTAINMENT_TARGET,
+    HINDSIGHT,
+    ORACLE_RATIO_TARGET,
+    TRACES,
+    _options,
+    rivals_against,
+)
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.core.hardware import GLM_45_FP8
-from pd_operator.sim.offline import check_policy_name, example_document, load_trace, simulate
+from pd_operator.sim.offline import (
+    POLICY_NAMES,
+    check_policy_name,
+    example_document,
+    load_trace,
+    simulate,
+)
 
 WARMUP_S = 300.0
 # A window with less of the trace in it than this (a trace that ends soon after the window's
@@ -54,7 +67,7 @@ COLUMNS = (
     "fewest",
 )
 # The policies `--rivals` adds: every one the simulator has but the hindsight references.
-RIVALS = ("static-peak", "hpa", "dynamo-sla", "llm-d-slo")
+RIVALS = tuple(p for p in POLICY_NAMES if p not in ("pd-operator", *HINDSIGHT))
 
 
 @dataclass(frozen=True)
@@ -202,9 +215,8 @@ def print_table(
                 continue
             met += rows[-1]["both"] == "yes"
             if judged:
-                cheaper, _ = rivals_against(
-                    outcome[0], outcome[1], {p: (o[0], o[1]) for p, o in outcomes.items() if o}
-                )
+                others = {p: (o[0], o[1]) for p, o in outcomes.items() if o is not None}
+                cheaper, _ = rivals_against(outcome[0], outcome[1], others)
                 rows[-1]["fewest"] = ", ".join(cheaper) or "yes"
                 fewest += rows[-1]["both"] == "yes" and not cheaper
     print(f"warm-up {WARMUP_S:.0f} s; replay seed {seed}; TTFT 6 s and ITL 20 ms at P99")
