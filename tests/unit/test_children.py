@@ -277,7 +277,10 @@ def test_engine_port_probes_and_prometheus_discovery(name, port):
         assert deployment["spec"]["progressDeadlineSeconds"] > (
             startup["periodSeconds"] * startup["failureThreshold"]
         )
-        assert deployment["spec"]["template"]["metadata"]["annotations"] == {
+        annotations = dict(deployment["spec"]["template"]["metadata"]["annotations"])
+        # SGLang prefill pods also name their KV bootstrap port for sglang-router.
+        annotations.pop("sglang.ai/bootstrap-port", None)
+        assert annotations == {
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(port),
             "prometheus.io/path": "/metrics",

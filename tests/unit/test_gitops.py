@@ -66,15 +66,19 @@ def pdd(generation: int = 1):
     return parse_pddeployment(document)
 
 
-def children(ready: tuple[bool, bool] = (False, False)) -> dict:
+def children(ready: tuple[bool, bool] = (False, False), router: bool | None = None) -> dict:
+    """The children as applied; the pools' and the router's Deployments Ready or not (the router
+    is Ready with the pools unless told)."""
     plan = plan_children(pdd(), {}, [])
     result = {}
     for manifest in plan.apply:
         obj = copy.deepcopy(manifest)
         obj["metadata"]["generation"] = 1
         result[child_key(obj)] = obj
-    for (role, pool), is_ready in zip(POOLS, ready, strict=True):
-        deployment = result[("apps/v1", "Deployment", f"glm-hetero-{role}-{pool}")]
+    names = [f"glm-hetero-{role}-{pool}" for role, pool in POOLS] + ["glm-hetero-router"]
+    states = [*ready, all(ready) if router is None else router]
+    for name, is_ready in zip(names, states, strict=True):
+        deployment = result[("apps/v1", "Deployment", name)]
         n = deployment["spec"]["replicas"] if is_ready else 0
         deployment["status"] = {
             "observedGeneration": 1,
@@ -85,11 +89,13 @@ def children(ready: tuple[bool, bool] = (False, False)) -> dict:
     return result
 
 
-def status_of(ready=(False, False), pods=(), problems=(), previous=None, now=NOW) -> dict[str, Any]:
+def status_of(
+    ready=(False, False), pods=(), problems=(), previous=None, now=NOW, router=None
+) -> dict[str, Any]:
     plan = plan_children(pdd(), {}, [])
     status, _ = compute_status(
         pdd(),
-        children=children(ready),
+        children=children(ready, router),
         pods=list(pods),
         replicas=plan.replicas,
         problems=list(problems),
@@ -115,6 +121,11 @@ NO_NODE = Problem(reasons.NO_NODE_FITS, "prefill pool s5000: no node offers 16 m
 SCENARIOS: dict[str, tuple[dict[str, Any], str, str]] = {
     "all pools ready": (pdd_object(status_of((True, True))), "Healthy", "Current"),
     "first visit, pods starting": (pdd_object(status_of()), "Progressing", "InProgress"),
+    "pools ready, router not yet": (
+        pdd_object(status_of((True, True), router=False)),
+        "Progressing",
+        "InProgress",
+    ),
     "one pool ready": (pdd_object(status_of((True, False))), "Progressing", "InProgress"),
     "pods unschedulable": (
         pdd_object(status_of(pods=[UNSCHEDULABLE])),

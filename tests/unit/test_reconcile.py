@@ -61,15 +61,24 @@ def test_first_reconcile_creates_every_child_with_hash_and_replica_annotations()
     assert kinds == [
         ("Deployment", "glm-hetero-decode-h200"),
         ("Deployment", "glm-hetero-prefill-s5000"),
+        ("Deployment", "glm-hetero-router"),
         ("PodDisruptionBudget", "glm-hetero-decode-h200"),
         ("PodDisruptionBudget", "glm-hetero-prefill-s5000"),
+        ("PodDisruptionBudget", "glm-hetero-router"),
+        ("Role", "glm-hetero-router"),
+        ("RoleBinding", "glm-hetero-router"),
+        ("Service", "glm-hetero"),
         ("Service", "glm-hetero-decode"),
         ("Service", "glm-hetero-prefill"),
+        ("ServiceAccount", "glm-hetero-router"),
     ]
     for manifest in plan.apply:
         assert ANNOTATION_SPEC_HASH in manifest["metadata"]["annotations"]
     deployment = next(m for m in plan.apply if m["kind"] == "Deployment")
     assert deployment["metadata"]["annotations"][ANNOTATION_DESIRED_REPLICAS] == "1"
+    router = next(m for m in plan.apply if m["metadata"]["name"] == "glm-hetero-router")
+    # The router's replicas are its spec's (or its HPA's), never an autoscaler decision.
+    assert ANNOTATION_DESIRED_REPLICAS not in router["metadata"]["annotations"]
     assert plan.delete == [] and plan.problems == []
 
 

@@ -27,6 +27,10 @@ PLURALS = {
     "Service": "services",
     "ConfigMap": "configmaps",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PDDeployment": PLURAL,
 }
 

@@ -65,6 +65,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Observed ITL at the SLO percentile",
         "jsonPath": ".status.observed.itlMilliseconds",
     },
+    {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
     {"name": "Mode", "type": "string", "priority": 1, "jsonPath": ".spec.scaling.mode"},
     {
         "name": "Limited",

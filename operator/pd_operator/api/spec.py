@@ -581,6 +581,67 @@ class TerminationSpec(SpecModel):
     )
 
 
+# The routers' own policy names, CamelCase on the wire (vllm-router and sglang-router both take
+# cache_aware, power_of_two, round_robin, consistent_hash and random).
+RoutingPolicy = Literal["CacheAware", "PowerOfTwo", "RoundRobin", "ConsistentHash", "Random"]
+
+
+class RouterReplicas(SpecModel):
+    """Router replicas: fixed when min equals max, else scaled on CPU by an HPA."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.min <= self.max",
+                    "router.replicas.min must be less than or equal to router.replicas.max",
+                )
+            ]
+        }
+    )
+
+    min: Annotated[int, Field(ge=1, le=100), WHOLE_NUMBER] = Field(1, description="Fewest routers.")
+    max: Annotated[int, Field(ge=1, le=100), WHOLE_NUMBER] = Field(1, description="Most routers.")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> "RouterReplicas":
+        if self.min > self.max:
+            raise ValueError(
+                "router.replicas.min must be less than or equal to router.replicas.max"
+            )
+        return self
+
+
+class RouterSpec(SpecModel):
+    """The PD router in front of the pools: the PDDeployment's one OpenAI-compatible endpoint."""
+
+    enabled: bool = Field(
+        True,
+        description="Run the engine's PD router (vllm-router for VLLM, sglang-router for SGLang) "
+        "behind a Service named after the PDDeployment. False: no router and no endpoint.",
+    )
+    image: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = Field(
+        None, description="Router image; the operator's pinned router for the engine when absent."
+    )
+    replicas: RouterReplicas = Field(
+        default_factory=RouterReplicas, json_schema_extra={"default": {"min": 1, "max": 1}}
+    )
+    prefill_policy: RoutingPolicy = Field(
+        "CacheAware",
+        description="How a request picks its prefill replica; CacheAware sends a repeated "
+        "prefix where its KV cache already is.",
+    )
+    decode_policy: RoutingPolicy = Field(
+        "PowerOfTwo", description="How a request picks its decode replica: the less loaded of two."
+    )
+    resources: ContainerResources | None = Field(
+        None, description="Router container resources; 1 CPU and 1Gi requested when absent."
+    )
+    args: Annotated[list[Annotated[StrictStr, Field(max_length=1024)]], Field(max_length=32)] = (
+        Field(default_factory=list, description="Extra router arguments, appended last.")
+    )
+
+
 def _schedule_rule(role: Role, quantifier: str, check: str) -> str:
     """A CEL rule over every pool name `k` a schedule `s` names under `role` (its floor:
     `s.<role>[k]`): `check` holds for `quantifier` (all, exists) pool `p` of the role."""
@@ -633,6 +694,7 @@ class PDDeploymentSpec(SpecModel):
     termination: TerminationSpec = Field(
         default_factory=TerminationSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
     )
+    router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT)
 
     def pools(self, role: Role) -> list[PoolSpec]:
         """The pools of a role, in order of preference."""

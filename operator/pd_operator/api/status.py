@@ -48,6 +48,14 @@ class ReplicaSummary(StatusModel):
     decode: str = ""
 
 
+class RouterStatus(StatusModel):
+    """Replicas of the PD router."""
+
+    replicas: int = 0
+    ready_replicas: int = 0
+    desired_replicas: int = 0
+
+
 class ObservedSignals(StatusModel):
     """The SLO signals last read from Prometheus."""
 
@@ -74,6 +82,10 @@ class PDDeploymentStatus(StatusModel):
     conditions: list[Condition] = Field(default_factory=list)
     pools: list[PoolStatus] = Field(default_factory=list)
     replica_summary: ReplicaSummary | None = None
+    endpoint: str | None = Field(
+        None, description="In-cluster URL of the OpenAI API (the router's Service)."
+    )
+    router: RouterStatus | None = None
     observed: ObservedSignals | None = None
     last_decision: Decision | None = None
     policy_memory: str | None = Field(

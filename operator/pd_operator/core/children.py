@@ -18,6 +18,8 @@ from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import (
     HEALTH_PATH,
     METRICS_PATH,
+    SGLANG_BOOTSTRAP_ANNOTATION,
+    SGLANG_BOOTSTRAP_PORT,
     engine_command,
     engine_env,
     engine_port,
@@ -173,6 +175,9 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
         "prometheus.io/port": str(port),
         "prometheus.io/path": METRICS_PATH,
     }
+    if pdd.spec.model.engine == "SGLang" and role == "prefill":
+        # sglang-router finds the prefill pod's KV bootstrap server by this annotation.
+        annotations[SGLANG_BOOTSTRAP_ANNOTATION] = str(SGLANG_BOOTSTRAP_PORT)
     # Engines need a large /dev/shm for tensor-parallel collectives; the default is 64 MiB.
     shm_volume = (
         []

@@ -27,6 +27,10 @@ HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
 
 _PORTS: dict[Engine, int] = {"VLLM": 8000, "SGLang": 30000}
+# SGLang's decode side pulls the KV cache from the prefill pod's bootstrap server; sglang-router
+# reads its port from this pod annotation (a fixed name), which prefill pods carry.
+SGLANG_BOOTSTRAP_ANNOTATION = "sglang.ai/bootstrap-port"
+SGLANG_BOOTSTRAP_PORT = 8998
 _VLLM_CONNECTORS: dict[KVConnector, str] = {
     "Mooncake": "MooncakeConnector",
     "NIXL": "NixlConnector",
@@ -84,6 +88,8 @@ def _sglang_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[
     if connector != "None":
         argv += ["--disaggregation-mode", role]
         argv += ["--disaggregation-transfer-backend", _SGLANG_BACKENDS[connector]]
+        if role == "prefill":
+            argv += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
     return argv
 
 

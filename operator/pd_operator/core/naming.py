@@ -38,3 +38,10 @@ def service_name(pdd_name: str, role: str) -> str:
     if not re.match(r"[a-z]", full):
         full = SERVICE_NAME_PREFIX + full
     return bounded_name(full)
+
+
+def endpoint_service_name(pdd_name: str) -> str:
+    """Name of the PDDeployment's endpoint Service: its own name (`pd-` first when it starts with
+    a digit, as a Service name must start with a letter)."""
+    full = pdd_name if re.match(r"[a-z]", pdd_name) else SERVICE_NAME_PREFIX + pdd_name
+    return bounded_name(full)

@@ -13,11 +13,19 @@ from typing import Any
 
 from pd_operator.api import PDDeployment, PoolSpec, Role
 from pd_operator.core import reasons
-from pd_operator.core.children import ROLES, Manifest, PoolKey, child_key, desired_children
+from pd_operator.core.children import (
+    LABEL_ROLE,
+    ROLES,
+    Manifest,
+    PoolKey,
+    child_key,
+    desired_children,
+)
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import NodeSummary
 from pd_operator.core.placement import allocatable, node_admits
 from pd_operator.core.quantity import same_quantity
+from pd_operator.core.router import router_children
 
 ANNOTATION_SPEC_HASH = "pdoperator.io/spec-hash"
 # The operator's (or the autoscaler's) replica decision, kept on the child so that it survives
@@ -154,13 +162,13 @@ def plan_children(
             plan.problems.append(Problem(reasons.NO_NODE_FITS, f"{role} pool {pool.name}: {why}"))
             blocked.add(deployment_name(pdd.metadata.name, role, pool.name))
     wanted: set[ChildKey] = set()
-    for built in desired_children(pdd, plan.replicas):
+    for built in [*desired_children(pdd, plan.replicas), *router_children(pdd)]:
         key = child_key(built)
         wanted.add(key)
         if key[1] == "Deployment" and key[2] in blocked:
             continue  # keep what runs; a new spec that cannot be placed is not rolled out
         extra = {ANNOTATION_SPEC_HASH: spec_hash(built)}
-        if key[1] == "Deployment":
+        if key[1] == "Deployment" and built["metadata"]["labels"].get(LABEL_ROLE) in ROLES:
             extra[ANNOTATION_DESIRED_REPLICAS] = str(built["spec"]["replicas"])
         manifest = _annotate(built, extra)
         actual = children.get(key)

@@ -14,6 +14,7 @@ from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import PodSummary
 from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
+from pd_operator.core.router import endpoint_url, router_name
 
 # Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
 FOREIGN_FIELDS = ("observed", "lastDecision", "policyMemory")
@@ -83,6 +84,29 @@ def _pool_rolled_out(deployment: Mapping[str, Any] | None, desired: int) -> bool
     )
 
 
+def _router_status(
+    pdd: PDDeployment, children: Mapping[ChildKey, Mapping[str, Any]]
+) -> dict[str, int] | None:
+    """The router's replicas, or None without a router. Desired: what its Deployment asks
+    (the HPA's choice when it scales the router), at least replicas.min."""
+    if not pdd.spec.router.enabled:
+        return None
+    deployment = children.get(("apps/v1", "Deployment", router_name(pdd.metadata.name))) or {}
+    observed = deployment.get("status") or {}
+    asked = (deployment.get("spec") or {}).get("replicas", 0)
+    return {
+        "replicas": observed.get("replicas", 0),
+        "readyReplicas": observed.get("readyReplicas", 0),
+        "desiredReplicas": max(asked, pdd.spec.router.replicas.min),
+    }
+
+
+def _router_waiting(router: Mapping[str, int] | None) -> list[str]:
+    if router is None or router["readyReplicas"] >= router["desiredReplicas"]:
+        return []
+    return [f"router {router['readyReplicas']}/{router['desiredReplicas']} ready"]
+
+
 def compute_status(
     pdd: PDDeployment,
     *,
@@ -139,6 +163,9 @@ def compute_status(
             note = f" ({unschedulable} unschedulable)" if unschedulable else ""
             waiting.append(f"{role}/{pool.name} {ready}/{desired} ready{note}")
 
+    router = _router_status(pdd, children)
+    waiting += _router_waiting(router)
+
     before = {c["type"]: c for c in previous.get("conditions") or []}
     stalled = bool(problems)
     ready = not stalled and not waiting
@@ -187,6 +214,9 @@ def compute_status(
         "pools": pools,
         "replicaSummary": {role: f"{ready_sum[role]}/{desired_sum[role]}" for role in ROLES},
     }
+    if router is not None:
+        status["endpoint"] = endpoint_url(pdd)
+        status["router"] = router
     status.update({k: previous[k] for k in FOREIGN_FIELDS if k in previous})
     if scaling is not None:
         status["observed"] = scaling.observed

@@ -28,7 +28,7 @@ from pd_operator.adapters.credentials import (
     SecretCache,
     kube_secret_fetch,
 )
-from pd_operator.adapters.kube import KubeWriter, api_message
+from pd_operator.adapters.kube import KubeWriter, api_message, call_json
 from pd_operator.adapters.lease import LeaderLease, LeaseTiming
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.core.children import MANAGED_BY
@@ -40,15 +40,19 @@ logger = logging.getLogger(__name__)
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-# (API group, plural) of the kinds of children, all at version v1: watched by our label only.
-CHILD_RESOURCES: tuple[tuple[str, str], ...] = (
-    ("apps", "deployments"),
-    ("", "services"),
-    ("policy", "poddisruptionbudgets"),
+# The kinds of children: (API group, version, plural, kind), watched by our label only.
+CHILD_RESOURCES: tuple[tuple[str, str, str, str], ...] = (
+    ("apps", "v1", "deployments", "Deployment"),
+    ("", "v1", "services", "Service"),
+    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    ("", "v1", "serviceaccounts", "ServiceAccount"),
+    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
 )
 MAX_BACKOFF_SECONDS = 60.0
-# One namespace's (or the cluster's) Deployments, Services, PodDisruptionBudgets and pods.
-Listing = tuple[list[Any], list[Any], list[Any], list[Any]]
+# One namespace's (or the cluster's) children of every kind, then its pods.
+Listing = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 # A list refused while priming: the RBAC applied is older (or narrower) than this operator.
 RBAC_FIX = (
     "apply the RBAC of this operator's version: `helm upgrade` of its chart, or "
@@ -146,46 +150,38 @@ class OperatorState:
             if error.status != 403:
                 raise
             raise PermissionError(f"{api_message(error)}: {RBAC_FIX}") from None
-        for deployments, services, budgets, pods in listings:
-            for deployment in deployments:
-                self.cache.put_child(self._plain(deployment, "apps/v1", "Deployment"))
-            for service in services:
-                self.cache.put_child(self._plain(service, "v1", "Service"))
-            for budget in budgets:
-                self.cache.put_child(self._plain(budget, "policy/v1", "PodDisruptionBudget"))
+        for children, pods in listings:
+            for child in children:
+                self.cache.put_child(child)
             for pod in pods:
-                self.put_any_pod(self._plain(pod, "v1", "Pod"))
+                self.put_any_pod(pod)
         for node in nodes:
-            self.cache.put_node(self._plain(node, "v1", "Node"))
+            self.cache.put_node(node)
+
+    def _list(self, api_version: str, plural: str, namespace: str, selector: str) -> list[Any]:
+        """Every object of a kind (in a namespace, or everywhere), with apiVersion and kind set:
+        items of a list carry neither, and the cache keys on them."""
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+        query = [("labelSelector", selector)] if selector else []
+        listed = call_json(self.api_client, "GET", path, None, query=query)
+        kind = listed.get("kind", "").removesuffix("List")
+        return [{**item, "apiVersion": api_version, "kind": kind} for item in listed["items"]]
 
     def _list_once(self) -> tuple[list[Listing], list[Any]]:
         """Our children and the pods, per watched namespace (or once cluster-wide), and nodes."""
-        apps, core = client.AppsV1Api(self.api_client), client.CoreV1Api(self.api_client)
-        policy = client.PolicyV1Api(self.api_client)
-        selector = MANAGED_SELECTOR
         pod_selector = "" if self.config.count_other_pods else MANAGED_SELECTOR
-        if self.config.namespaces:
-            listings: list[Listing] = [
-                (
-                    apps.list_namespaced_deployment(ns, label_selector=selector).items,
-                    core.list_namespaced_service(ns, label_selector=selector).items,
-                    policy.list_namespaced_pod_disruption_budget(ns, label_selector=selector).items,
-                    core.list_namespaced_pod(ns, label_selector=pod_selector).items,
-                )
-                for ns in self.config.namespaces
-            ]
-        else:
-            listings = [
-                (
-                    apps.list_deployment_for_all_namespaces(label_selector=selector).items,
-                    core.list_service_for_all_namespaces(label_selector=selector).items,
-                    policy.list_pod_disruption_budget_for_all_namespaces(
-                        label_selector=selector
-                    ).items,
-                    core.list_pod_for_all_namespaces(label_selector=pod_selector).items,
+        listings: list[Listing] = []
+        for namespace in self.config.namespaces or [""]:
+            children = [
+                child
+                for group, version, plural, _ in CHILD_RESOURCES
+                for child in self._list(
+                    f"{group}/{version}" if group else version, plural, namespace, MANAGED_SELECTOR
                 )
             ]
-        return listings, core.list_node().items
+            listings.append((children, self._list("v1", "pods", namespace, pod_selector)))
+        return listings, self._list("v1", "nodes", "", "")
 
     def put_any_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
         """A pod of ours into its PDDeployment's view (returns its key); any other pod into
@@ -195,11 +191,6 @@ class OperatorState:
             return self.cache.put_pod(obj, deleted)
         self.cache.put_other_pod(obj, deleted)
         return None
-
-    def _plain(self, model: Any, api_version: str, kind: str) -> dict[str, Any]:
-        # Items of a list carry no apiVersion/kind; the watch events do, and the cache keys on them.
-        plain: dict[str, Any] = self.api_client.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
-        return {**plain, "apiVersion": api_version, "kind": kind}
 
     async def worker(self) -> None:
         """Reconcile keys until cancelled; failures retry with exponential backoff."""
@@ -305,7 +296,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if state.config.peering_name:
             settings.peering.name = state.config.peering_name
             settings.peering.mandatory = True
-        ours_only = list(CHILD_RESOURCES)
+        ours_only = [(group, plural) for group, _, plural, _ in CHILD_RESOURCES]
         if not state.config.count_other_pods:
             ours_only.append(("", "pods"))
         for resource in ours_only:
@@ -345,8 +336,8 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if owner:
             state.queue.add(owner)
 
-    for group, plural in CHILD_RESOURCES:
-        kopf.on.event(group, "v1", plural, registry=registry, labels={
+    for group, version, plural, _ in CHILD_RESOURCES:
+        kopf.on.event(group, version, plural, registry=registry, labels={
             "app.kubernetes.io/managed-by": MANAGED_BY
         })(child_event)  # fmt: skip
 

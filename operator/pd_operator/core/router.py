@@ -1,0 +1,306 @@
+"""The PD router of a PDDeployment, built whole as data: its one OpenAI-compatible endpoint.
+
+The engine's own router runs in front of the pools (vllm-router for vLLM, sglang-router for
+SGLang; both Rust binaries shipped in PyPI wheels, versions pinned below). It finds the pools'
+pods itself, by label, with Kubernetes service discovery: a new Ready replica gets requests as
+soon as the router's pod watch sees it, with no operator write and no router restart, which a
+list kept current by the operator could not give. Hence its own ServiceAccount, bound to a Role
+that may only list and watch pods in its namespace (what the discovery watch needs, and what
+the operator holds itself, so the grant is never an escalation).
+
+Children: a Deployment, a ServiceAccount, a Role and RoleBinding `{pdd}-router`, a
+PodDisruptionBudget of the same name, a HorizontalPodAutoscaler on CPU when replicas.min <
+replicas.max, and the endpoint: a Service named after the PDDeployment.
+"""
+
+from typing import Any
+
+from pd_operator.api.document import PDDeployment
+from pd_operator.api.spec import Engine, Role, RouterSpec, RoutingPolicy
+from pd_operator.core.children import (
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    MANAGED_BY,
+    owner_reference,
+    selector_labels,
+)
+from pd_operator.core.engine_args import engine_port
+from pd_operator.core.naming import bounded_name, endpoint_service_name
+
+Manifest = dict[str, Any]
+
+ROUTER_ROLE = "router"
+CONTAINER_NAME = "router"
+PORT = 8000
+METRICS_PORT = 29000
+PORT_NAME = "http"
+METRICS_PORT_NAME = "metrics"
+# Pinned: the PD protocol between router and engines changes between versions.
+VLLM_ROUTER_VERSION = "0.1.17"
+SGLANG_ROUTER_VERSION = "0.3.2"
+DEFAULT_IMAGES: dict[Engine, str] = {
+    "VLLM": f"vllm/vllm-router:v{VLLM_ROUTER_VERSION}",
+    "SGLang": f"lmsysorg/sglang-router:v{SGLANG_ROUTER_VERSION}",
+}
+# The routers' defaults suit static worker lists: a dead worker that is not deleted keeps
+# traffic for 3 x 60 s, and a discovered pod whose /health fails is retried every 30 s while
+# every other pod event waits behind it. A pod is Ready only once /health answers, so short
+# waits lose nothing.
+HEALTH_CHECK_SECONDS = 10
+WORKER_STARTUP_CHECK_SECONDS = 2
+WORKER_STARTUP_TIMEOUT_SECONDS = 60
+# A router is CPU-bound: the autoscaler adds one when the replicas average this much CPU.
+CPU_TARGET_PERCENT = 70
+DEFAULT_RESOURCES = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+
+POLICY_ARGS: dict[RoutingPolicy, str] = {
+    "CacheAware": "cache_aware",
+    "PowerOfTwo": "power_of_two",
+    "RoundRobin": "round_robin",
+    "ConsistentHash": "consistent_hash",
+    "Random": "random",
+}
+
+
+def router_name(pdd_name: str) -> str:
+    """Name of the router's Deployment, ServiceAccount, Role, RoleBinding, PDB and HPA."""
+    return bounded_name(f"{pdd_name}-router")
+
+
+def router_labels(pdd_name: str) -> dict[str, str]:
+    """Labels of the router's objects and pods (the role label says `router`)."""
+    return {
+        LABEL_DEPLOYMENT: pdd_name,
+        LABEL_ROLE: ROUTER_ROLE,
+        "app.kubernetes.io/name": "pd-operator-router",
+        "app.kubernetes.io/instance": pdd_name,
+        "app.kubernetes.io/component": ROUTER_ROLE,
+        "app.kubernetes.io/part-of": pdd_name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def endpoint_url(pdd: PDDeployment) -> str:
+    """The in-cluster URL of the PDDeployment's OpenAI API."""
+    name = endpoint_service_name(pdd.metadata.name)
+    return f"http://{name}.{pdd.metadata.namespace}.svc:{PORT}"
+
+
+def _selector_args(flag: str, pdd_name: str, role: Role) -> list[str]:
+    pairs = [f"{k}={v}" for k, v in selector_labels(pdd_name, role).items()]
+    return [flag, *pairs]
+
+
+def router_command(pdd: PDDeployment) -> list[str]:
+    """The router container's command line: PD mode, pods found by this PDDeployment's labels in
+    its namespace only, the spec's policies, metrics on their own port; `router.args` last."""
+    spec, name = pdd.spec, pdd.metadata.name
+    router = spec.router
+    engine = spec.model.engine
+    if engine == "VLLM":
+        argv = ["vllm-router", "--vllm-pd-disaggregation"]
+    else:
+        argv = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+    argv += ["--host", "0.0.0.0", "--port", str(PORT)]
+    argv += ["--service-discovery", "--service-discovery-namespace", pdd.metadata.namespace or ""]
+    argv += ["--service-discovery-port", str(engine_port(engine))]
+    argv += _selector_args("--prefill-selector", name, "prefill")
+    argv += _selector_args("--decode-selector", name, "decode")
+    argv += ["--health-check-interval-secs", str(HEALTH_CHECK_SECONDS)]
+    argv += ["--worker-startup-check-interval", str(WORKER_STARTUP_CHECK_SECONDS)]
+    argv += ["--worker-startup-timeout-secs", str(WORKER_STARTUP_TIMEOUT_SECONDS)]
+    argv += ["--prefill-policy", POLICY_ARGS[router.prefill_policy]]
+    argv += ["--decode-policy", POLICY_ARGS[router.decode_policy]]
+    argv += ["--prometheus-host", "0.0.0.0", "--prometheus-port", str(METRICS_PORT)]
+    return [*argv, *router.args]
+
+
+def _resources(router: RouterSpec) -> dict[str, Any]:
+    if router.resources is None:
+        return {kind: dict(amounts) for kind, amounts in DEFAULT_RESOURCES.items()}
+    result: dict[str, Any] = {}
+    for kind in ("requests", "limits"):
+        amounts = getattr(router.resources, kind)
+        if amounts is not None and amounts.model_dump(exclude_none=True):
+            result[kind] = amounts.model_dump(exclude_none=True)
+    return result
+
+
+def _metadata(pdd: PDDeployment, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": pdd.metadata.namespace,
+        "labels": router_labels(pdd.metadata.name),
+        "ownerReferences": [owner_reference(pdd)],
+    }
+
+
+def _selector(pdd_name: str) -> dict[str, Any]:
+    return {"matchLabels": {LABEL_DEPLOYMENT: pdd_name, LABEL_ROLE: ROUTER_ROLE}}
+
+
+def _probe(path: str, failure_threshold: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT_NAME},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def build_router_deployment(pdd: PDDeployment) -> Manifest:
+    """The router's Deployment; replicas left to the HPA when the bounds differ."""
+    router, name = pdd.spec.router, router_name(pdd.metadata.name)
+    container = {
+        "name": CONTAINER_NAME,
+        "image": router.image or DEFAULT_IMAGES[pdd.spec.model.engine],
+        "command": router_command(pdd),
+        "ports": [
+            {"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": _resources(router),
+        "readinessProbe": _probe("/readiness", 3),
+        "livenessProbe": _probe("/liveness", 6),
+    }
+    spec: dict[str, Any] = {
+        "selector": _selector(pdd.metadata.name),
+        # Routers are cheap and stateless: surge one so the endpoint never loses capacity.
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        },
+        "template": {
+            "metadata": {
+                "labels": router_labels(pdd.metadata.name),
+                "annotations": {
+                    "prometheus.io/scrape": "true",
+                    "prometheus.io/port": str(METRICS_PORT),
+                    "prometheus.io/path": "/metrics",
+                },
+            },
+            "spec": {
+                "serviceAccountName": name,
+                "enableServiceLinks": False,
+                "containers": [container],
+            },
+        },
+    }
+    if router.replicas.min == router.replicas.max:
+        spec["replicas"] = router.replicas.min
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(pdd, name),
+        "spec": spec,
+    }
+
+
+def build_endpoint_service(pdd: PDDeployment) -> Manifest:
+    """The PDDeployment's endpoint: a Service named after it, in front of the routers."""
+    metadata = _metadata(pdd, endpoint_service_name(pdd.metadata.name))
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": _selector(pdd.metadata.name)["matchLabels"],
+            "ports": [
+                {"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"},
+                {
+                    "name": METRICS_PORT_NAME,
+                    "port": METRICS_PORT,
+                    "targetPort": METRICS_PORT_NAME,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def build_router_service_account(pdd: PDDeployment) -> Manifest:
+    """The router's own identity (never the namespace's default ServiceAccount)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(pdd, router_name(pdd.metadata.name)),
+    }
+
+
+def build_router_role(pdd: PDDeployment) -> Manifest:
+    """List and watch pods in the PDDeployment's namespace: all the discovery watch needs."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(pdd, router_name(pdd.metadata.name)),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
+    }
+
+
+def build_router_role_binding(pdd: PDDeployment) -> Manifest:
+    """Binds the router's Role to its ServiceAccount, and to nothing else."""
+    name = router_name(pdd.metadata.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(pdd, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pdd.metadata.namespace}],
+    }
+
+
+def build_router_disruption_budget(pdd: PDDeployment) -> Manifest:
+    """A drain takes one router at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(pdd, router_name(pdd.metadata.name)),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": _selector(pdd.metadata.name),
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def build_router_autoscaler(pdd: PDDeployment) -> Manifest:
+    """Scales the routers on CPU between replicas.min and replicas.max."""
+    name, bounds = router_name(pdd.metadata.name), pdd.spec.router.replicas
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(pdd, name),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": bounds.min,
+            "maxReplicas": bounds.max,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": CPU_TARGET_PERCENT},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def router_children(pdd: PDDeployment) -> list[Manifest]:
+    """Every router object, or none when `router.enabled` is false."""
+    router = pdd.spec.router
+    if not router.enabled:
+        return []
+    children = [
+        build_router_service_account(pdd),
+        build_router_role(pdd),
+        build_router_role_binding(pdd),
+        build_router_deployment(pdd),
+        build_endpoint_service(pdd),
+        build_router_disruption_budget(pdd),
+    ]
+    if router.replicas.min < router.replicas.max:
+        children.append(build_router_autoscaler(pdd))
+    return children
