@@ -199,3 +199,25 @@ def test_an_object_named_with_a_leading_digit_gets_a_valid_endpoint_service_name
     document["metadata"]["name"] = "1a"
     service = by_kind(router_children(pdd(document)))["Service"]
     assert service["metadata"]["name"] == "pd-1a"
+
+
+def test_the_router_template_sets_image_scheduler_and_resources_but_never_the_identity():
+    document = mutate(
+        "spec.router.template",
+        {
+            "image": "registry.local/vllm-router:v0.1.17",
+            "schedulerName": "pd-mock-scheduler",
+            "resources": {"requests": {"cpu": "250m"}},
+            "labels": {"team": "llm", "pdoperator.io/role": "spoofed"},
+        },
+    )
+    deployment = by_kind(router_children(pdd(document)))["Deployment"]
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["schedulerName"] == "pd-mock-scheduler"
+    assert pod["spec"]["containers"][0]["image"] == "registry.local/vllm-router:v0.1.17"
+    assert pod["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "250m"}}
+    # Our labels win: the Service and the Deployment select the router pods by them.
+    assert pod["metadata"]["labels"]["pdoperator.io/role"] == "router"
+    assert pod["metadata"]["labels"]["team"] == "llm"
+    with pytest.raises(InvalidSpecError, match="router.template.serviceAccountName"):
+        parse_pddeployment(mutate("spec.router.template", {"serviceAccountName": "admin"}))

@@ -620,9 +620,6 @@ class RouterSpec(SpecModel):
         description="Run the engine's PD router (vllm-router for VLLM, sglang-router for SGLang) "
         "behind a Service named after the PDDeployment. False: no router and no endpoint.",
     )
-    image: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = Field(
-        None, description="Router image; the operator's pinned router for the engine when absent."
-    )
     replicas: RouterReplicas = Field(
         default_factory=RouterReplicas, json_schema_extra={"default": {"min": 1, "max": 1}}
     )
@@ -634,12 +631,36 @@ class RouterSpec(SpecModel):
     decode_policy: RoutingPolicy = Field(
         "PowerOfTwo", description="How a request picks its decode replica: the less loaded of two."
     )
-    resources: ContainerResources | None = Field(
-        None, description="Router container resources; 1 CPU and 1Gi requested when absent."
-    )
     args: Annotated[list[Annotated[StrictStr, Field(max_length=1024)]], Field(max_length=32)] = (
         Field(default_factory=list, description="Extra router arguments, appended last.")
     )
+    template: PodTemplateOverrides | None = Field(
+        None,
+        description="Changes to the router's pods: image (the operator's pinned router for the "
+        "engine when absent), resources (1 CPU and 1Gi requested when absent), scheduler, "
+        "labels, env and the rest as for a pool.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.serviceAccountName)",
+                    "router.template.serviceAccountName cannot be set: the router runs as its "
+                    "own ServiceAccount, whose Role lets it watch pods",
+                )
+            ]
+        },
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _own_service_account(
+        cls, template: PodTemplateOverrides | None
+    ) -> PodTemplateOverrides | None:
+        if template is not None and template.service_account_name:
+            raise ValueError(
+                "router.template.serviceAccountName cannot be set: the router runs as its own "
+                "ServiceAccount, whose Role lets it watch pods"
+            )
+        return template
 
 
 def _schedule_rule(role: Role, quantifier: str, check: str) -> str:

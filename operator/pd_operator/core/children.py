@@ -99,7 +99,7 @@ def _metadata(pdd: PDDeployment, name: str, labels: dict[str, str]) -> dict[str,
     return metadata
 
 
-def _merge_by(key: str, ours: list[dict[str, Any]], theirs: Iterable[dict[str, Any]]) -> list[Any]:
+def merge_by(key: str, ours: list[dict[str, Any]], theirs: Iterable[dict[str, Any]]) -> list[Any]:
     """Ours then theirs; an entry of theirs replaces ours with the same key.
 
     Server-side apply rejects list-map entries with duplicate keys, and the user's entry is the
@@ -151,10 +151,10 @@ def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str
     if drain:
         command = drain_command(spec.model.engine, role, drain)
         container["lifecycle"] = {"preStop": {"exec": {"command": command}}}
-    env = _merge_by("name", engine_env(spec), user_env)
+    env = merge_by("name", engine_env(spec), user_env)
     if env:
         container["env"] = env
-    mounts = _merge_by("mountPath", shm_mount, template.volume_mounts)
+    mounts = merge_by("mountPath", shm_mount, template.volume_mounts)
     if mounts:
         container["volumeMounts"] = mounts
     return container
@@ -191,7 +191,7 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
         # sets VLLM_PORT, which vLLM reads), and engines find peers by other means.
         "enableServiceLinks": False,
     }
-    volumes = _merge_by("name", shm_volume, template.volumes)
+    volumes = merge_by("name", shm_volume, template.volumes)
     if volumes:
         pod["volumes"] = volumes
     if pool.accelerator.node_selector:
@@ -201,6 +201,14 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
             toleration.model_dump(by_alias=True, exclude_none=True)
             for toleration in pool.accelerator.tolerations
         ]
+    pod.update(template_pod_fields(template, selector_labels(pdd.metadata.name, role, pool.name)))
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+
+
+def template_pod_fields(template: PodTemplateOverrides, own: Mapping[str, str]) -> dict[str, Any]:
+    """The pod-spec fields a template sets besides containers and volumes; `own` are the labels
+    that select the workload's pods."""
+    pod: dict[str, Any] = {}
     for field, value in (
         ("schedulerName", template.scheduler_name),
         ("serviceAccountName", template.service_account_name),
@@ -213,13 +221,12 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
     if template.affinity:
         pod["affinity"] = template.affinity
     if template.topology_spread_constraints:
-        # Without a selector a constraint counts no pods; the natural one is the pool's own.
-        own = {"matchLabels": selector_labels(pdd.metadata.name, role, pool.name)}
+        # Without a selector a constraint counts no pods; the natural one is the workload's own.
         pod["topologySpreadConstraints"] = [
-            {"labelSelector": own, **constraint}
+            {"labelSelector": {"matchLabels": dict(own)}, **constraint}
             for constraint in template.topology_spread_constraints
         ]
-    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+    return pod
 
 
 def _pool_metadata(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:

@@ -16,13 +16,15 @@ replicas.max, and the endpoint: a Service named after the PDDeployment.
 from typing import Any
 
 from pd_operator.api.document import PDDeployment
-from pd_operator.api.spec import Engine, Role, RouterSpec, RoutingPolicy
+from pd_operator.api.spec import Engine, PodTemplateOverrides, Role, RoutingPolicy
 from pd_operator.core.children import (
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
     MANAGED_BY,
+    merge_by,
     owner_reference,
     selector_labels,
+    template_pod_fields,
 )
 from pd_operator.core.engine_args import engine_port
 from pd_operator.core.naming import bounded_name, endpoint_service_name
@@ -115,12 +117,12 @@ def router_command(pdd: PDDeployment) -> list[str]:
     return [*argv, *router.args]
 
 
-def _resources(router: RouterSpec) -> dict[str, Any]:
-    if router.resources is None:
+def _resources(template: PodTemplateOverrides) -> dict[str, Any]:
+    if template.resources is None:
         return {kind: dict(amounts) for kind, amounts in DEFAULT_RESOURCES.items()}
     result: dict[str, Any] = {}
     for kind in ("requests", "limits"):
-        amounts = getattr(router.resources, kind)
+        amounts = getattr(template.resources, kind)
         if amounts is not None and amounts.model_dump(exclude_none=True):
             result[kind] = amounts.model_dump(exclude_none=True)
     return result
@@ -151,18 +153,32 @@ def _probe(path: str, failure_threshold: int) -> dict[str, Any]:
 def build_router_deployment(pdd: PDDeployment) -> Manifest:
     """The router's Deployment; replicas left to the HPA when the bounds differ."""
     router, name = pdd.spec.router, router_name(pdd.metadata.name)
-    container = {
+    template = router.template or PodTemplateOverrides()
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
-        "image": router.image or DEFAULT_IMAGES[pdd.spec.model.engine],
+        "image": template.image or DEFAULT_IMAGES[pdd.spec.model.engine],
         "command": router_command(pdd),
         "ports": [
             {"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"},
             {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
-        "resources": _resources(router),
+        "resources": _resources(template),
         "readinessProbe": _probe("/readiness", 3),
         "livenessProbe": _probe("/liveness", 6),
     }
+    if template.env:
+        container["env"] = [var.model_dump() for var in template.env]
+    if template.volume_mounts:
+        container["volumeMounts"] = merge_by("mountPath", [], template.volume_mounts)
+    labels = router_labels(pdd.metadata.name)
+    pod: dict[str, Any] = {
+        **template_pod_fields(template, _selector(pdd.metadata.name)["matchLabels"]),
+        "serviceAccountName": name,
+        "enableServiceLinks": False,
+        "containers": [container],
+    }
+    if template.volumes:
+        pod["volumes"] = merge_by("name", [], template.volumes)
     spec: dict[str, Any] = {
         "selector": _selector(pdd.metadata.name),
         # Routers are cheap and stateless: surge one so the endpoint never loses capacity.
@@ -172,18 +188,16 @@ def build_router_deployment(pdd: PDDeployment) -> Manifest:
         },
         "template": {
             "metadata": {
-                "labels": router_labels(pdd.metadata.name),
+                # Ours win over the template's: the selector and the Service depend on them.
+                "labels": {**template.labels, **labels},
                 "annotations": {
+                    **template.annotations,
                     "prometheus.io/scrape": "true",
                     "prometheus.io/port": str(METRICS_PORT),
                     "prometheus.io/path": "/metrics",
                 },
             },
-            "spec": {
-                "serviceAccountName": name,
-                "enableServiceLinks": False,
-                "containers": [container],
-            },
+            "spec": pod,
         },
     }
     if router.replicas.min == router.replicas.max:
