@@ -219,5 +219,5 @@ def test_the_router_template_sets_image_scheduler_and_resources_but_never_the_id
     # Our labels win: the Service and the Deployment select the router pods by them.
     assert pod["metadata"]["labels"]["pdoperator.io/role"] == "router"
     assert pod["metadata"]["labels"]["team"] == "llm"
-    with pytest.raises(InvalidSpecError, match="router.template.serviceAccountName"):
+    with pytest.raises(InvalidSpecError, match=r"router\.template\.serviceAccountName"):
         parse_pddeployment(mutate("spec.router.template", {"serviceAccountName": "admin"}))

@@ -20,7 +20,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from pd_operator.core.hardware import ModelProfile
+from pd_operator.core.hardware import MODEL_PROFILES, ModelProfile
 from pd_operator.core.perfmodel import model_load_seconds
 from pd_operator.core.scheduling import Taint, Toleration, pod_requests
 from pd_operator.sim.nodes import (
@@ -31,6 +31,7 @@ from pd_operator.sim.nodes import (
     NodeFleet,
     now_rfc3339,
 )
+from pd_operator.sim.pod_processes import PodProcesses
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ SHUTDOWN_SECONDS = 2.0
 # What the DefaultTolerationSeconds admission plugin gives pods that set no toleration themselves.
 DEFAULT_UNREACHABLE_TOLERATION_SECONDS = 300
 ACTION_ATTEMPTS = 3
+# A serving pod's readiness probe and liveness watch, in wall seconds (never scaled: the
+# process runs in real time).
+PROBE_SECONDS = 0.25
+WATCH_SECONDS = 1.0
+MAX_RESTART_BACKOFF_SECONDS = 10.0
 # What the controllers do to pods of a node whose kubelet is gone; everything else is the kubelet's.
 CONTROLLER_ACTIONS = frozenset({"mark_not_ready", "evict"})
 
@@ -108,11 +114,14 @@ class VirtualKubelet:
         model: ModelProfile,
         time_scale: float = 1.0,
         workers: int = 8,
+        processes: PodProcesses | None = None,
     ) -> None:
         self.calls = calls
         self.fleet = fleet
         self.model = model
         self.time_scale = time_scale
+        # Serving pods (engines, routers) run real processes; the rest are simulated.
+        self.processes = processes
         self.runs: dict[str, PodRun] = {}
         self.ready_times: list[float] = []  # time.monotonic() of each Ready, for benchmarks
         self._addresses = itertools.count()
@@ -137,6 +146,8 @@ class VirtualKubelet:
         if self._thread:
             self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.processes is not None:
+            self.processes.stop_all()
 
     # -- timers ------------------------------------------------------------------------------
 
@@ -190,6 +201,8 @@ class VirtualKubelet:
         with self._lock:
             if event == "DELETED":
                 self.runs.pop(uid, None)
+                if self.processes is not None and not self._stopping:
+                    self._pool.submit(self.processes.stop, uid)
                 return
             run = self.runs.get(uid)
             if run is None:
@@ -280,10 +293,18 @@ class VirtualKubelet:
             run.stage = "creating"
             self._after(CONTAINER_CREATING_SECONDS, run, "start")
 
+    def _serves(self, run: PodRun) -> bool:
+        return self.processes is not None and self.processes.handles(run.pod)
+
     def _do_start(self, run: PodRun, crashed: bool = False) -> None:
+        serves = self._serves(run)
         if not run.ip:
-            offset = next(self._addresses) % (POD_ADDRESSES.num_addresses - 2)
-            run.ip = str(POD_ADDRESSES.network_address + 1 + offset)
+            if serves:
+                assert self.processes is not None
+                run.ip = self.processes.address()
+            else:
+                offset = next(self._addresses) % (POD_ADDRESSES.num_addresses - 2)
+                run.ip = str(POD_ADDRESSES.network_address + 1 + offset)
         self._patch_status(
             run,
             {
@@ -296,9 +317,65 @@ class VirtualKubelet:
                 ),
             },
         )
+        if serves:
+            assert self.processes is not None
+            self.processes.start(run.pod, run.ip, self._engine_env(run), restart=run.restarts)
+            with self._lock:
+                run.stage = "loading"
+                self._after(PROBE_SECONDS / self.time_scale, run, "probe")
+            return
         with self._lock:
             run.stage = "loading"
             self._after(self.load_seconds(run), run, "ready")
+
+    def _engine_env(self, run: PodRun) -> dict[str, str]:
+        """What the engine simulator needs to know that a real engine knows from its cards."""
+        requests = pod_requests(run.pod.get("spec") or {})
+        cards = [
+            card
+            for name, card in self.fleet.accelerators(run.node).items()
+            if requests.get(name, 0) >= 1000
+        ]
+        if not cards:
+            return {}
+        model = next((key for key, value in MODEL_PROFILES.items() if value is self.model), "")
+        return {
+            "PD_SIM_HARDWARE": cards[0].name,
+            "PD_SIM_MODEL": model,
+            "PD_SIM_LOAD_SECONDS": f"{self.load_seconds(run) * self.time_scale:.3f}",
+        }
+
+    def _do_probe(self, run: PodRun) -> None:
+        """Until the readiness probe passes: Ready then, or a restart if the process died."""
+        assert self.processes is not None
+        if not self.processes.alive(run.uid):
+            self._process_exited(run)
+        elif self.processes.ready(run.uid):
+            self._do_ready(run)
+            with self._lock:
+                self._after(WATCH_SECONDS / self.time_scale, run, "watch")
+        else:
+            with self._lock:
+                self._after(PROBE_SECONDS / self.time_scale, run, "probe")
+
+    def _do_watch(self, run: PodRun) -> None:
+        """A Ready serving pod whose process exits restarts, as its container would."""
+        assert self.processes is not None
+        if not self.processes.alive(run.uid):
+            self._process_exited(run)
+            return
+        with self._lock:
+            self._after(WATCH_SECONDS / self.time_scale, run, "watch")
+
+    def _process_exited(self, run: PodRun) -> None:
+        """Not Ready at once; restarted after a back-off that doubles, as CrashLoopBackOff."""
+        log.warning("pod %s/%s: its process exited; restarting", run.namespace, run.name)
+        self._do_mark_not_ready(run)
+        with self._lock:
+            run.epoch += 1
+            run.restarts += 1
+            backoff = min(MAX_RESTART_BACKOFF_SECONDS, 0.5 * 2**run.restarts)
+            self._after(backoff / self.time_scale, run, "restart")
 
     def _do_ready(self, run: PodRun) -> None:
         state = (run.pod.get("status") or {}).get("containerStatuses") or [{}]
@@ -317,6 +394,8 @@ class VirtualKubelet:
             self.ready_times.append(time.monotonic())
 
     def _do_delete(self, run: PodRun) -> None:
+        if self.processes is not None:
+            self.processes.stop(run.uid)
         self.calls.request(
             "pod-delete",
             "DELETE",

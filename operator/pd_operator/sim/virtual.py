@@ -32,6 +32,7 @@ from pd_operator.sim.nodes import (
     KubeCalls,
     NodeFleet,
 )
+from pd_operator.sim.pod_processes import TOKEN_SECONDS, PodProcesses
 from pd_operator.sim.profile import ClusterProfile, load_profile
 from pd_operator.sim.scheduler import SCHEDULER_NAME, MockScheduler
 
@@ -176,6 +177,7 @@ class VirtualCluster:
         keep_nodes: bool = False,
         workers: int = 8,
         on_pod: Handler | None = None,
+        serve_dir: Path | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         self.name = f"{name_prefix}{self.profile.name}"
@@ -190,8 +192,24 @@ class VirtualCluster:
         self.calls = KubeCalls(api_client, pool_size=2 * workers + LEASE_WORKERS + 8)
         self.fleet = NodeFleet(self.calls, self.profile, cluster=self.name, prefix=name_prefix)
         self.scheduler = MockScheduler(self.calls, workers=workers)
+        # With a folder for their files, serving pods (engines, routers) run real processes.
+        self.processes = (
+            PodProcesses(
+                serve_dir,
+                server=api_client.configuration.host,
+                ca_file=api_client.configuration.ssl_ca_cert,
+                request_token=self._service_account_token,
+            )
+            if serve_dir is not None
+            else None
+        )
         self.kubelet = VirtualKubelet(
-            self.calls, self.fleet, model=model, time_scale=time_scale, workers=workers
+            self.calls,
+            self.fleet,
+            model=model,
+            time_scale=time_scale,
+            workers=workers,
+            processes=self.processes,
         )
         pods = f"/api/v1/namespaces/{namespace}/pods" if namespace else "/api/v1/pods"
         self.informers = [
@@ -232,6 +250,20 @@ class VirtualCluster:
     def node_names(self) -> list[str]:
         """Names of the cluster's nodes, in registration order."""
         return list(self.fleet.nodes)
+
+    def _service_account_token(self, namespace: str, account: str) -> str:
+        """A bound token of a ServiceAccount (TokenRequest), as a kubelet mounts for its pods."""
+        answer = self.calls.request(
+            "token",
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": TOKEN_SECONDS},
+            },
+        )
+        return str(answer["status"]["token"])
 
     def start(self) -> None:
         """Register the nodes, start every loop, and return once every node takes pods."""

@@ -1,0 +1,313 @@
+"""Real processes for the pods that must really serve: engines and routers on virtual nodes.
+
+The virtual kubelet runs nothing by default. With a `PodProcesses`, a pod whose container runs a
+command it knows (`vllm serve ...`: the engine simulator over HTTP; `vllm-router ...`: the real
+router binary from its wheel) becomes a real process, listening on the pod's own loopback address
+(127.0.0.0/8 holds millions, and nothing outside loopback is ever dialed), so that real clients
+and the real router reach it exactly as they would reach a pod in a cluster.
+
+What a kubelet does for such a container is done here too, as far as these processes need it:
+the downward API and literal env values, `$(VAR)` expansion in the command, a kubeconfig holding
+a token of the pod's own ServiceAccount (TokenRequest, so the router runs with its Role's rights
+and no more), and the pod's network namespace: a wildcard bind (`--host 0.0.0.0`, or an engine
+given no --host) becomes the pod's address.
+"""
+
+import contextlib
+import ipaddress
+import itertools
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pd_operator.adapters.kube import call_json
+
+log = logging.getLogger(__name__)
+
+# Loopback addresses for serving pods, away from 127.0.0.1 and the low ranges tests pick by hand.
+POD_LOOPBACK = ipaddress.IPv4Network("127.64.0.0/10")
+WILDCARD = "0.0.0.0"
+HOST_FLAGS = ("--host", "--prometheus-host")
+PROBE_TIMEOUT_SECONDS = 2.0
+STOP_GRACE_SECONDS = 5.0
+TOKEN_SECONDS = 3600
+_VARIABLE = re.compile(r"\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+def engine_simulator_command(argv: Sequence[str]) -> list[str]:
+    """`vllm serve ...` as the engine simulator runs it: the same arguments."""
+    return [sys.executable, "-m", "pd_operator.sim.http_engine", *argv]
+
+
+def router_binary_command(argv: Sequence[str]) -> list[str]:
+    """`vllm-router ...` as the router binary installed beside this Python runs it."""
+    return [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
+
+
+# The container command's first word -> how to run it here.
+DEFAULT_COMMANDS: dict[str, Callable[[Sequence[str]], list[str]]] = {
+    "vllm": engine_simulator_command,
+    "vllm-router": router_binary_command,
+}
+
+
+@dataclass
+class PodProcess:
+    """One running container process of a pod."""
+
+    uid: str
+    ip: str
+    popen: subprocess.Popen[bytes]
+    probe_url: str | None
+    log_path: Path
+    files: list[Path] = field(default_factory=list)
+
+    def alive(self) -> bool:
+        """The process has not exited."""
+        return self.popen.poll() is None
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: a defined variable is replaced, anything else kept."""
+    return _VARIABLE.sub(lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def bind_to_pod(argv: Sequence[str], ip: str, *, engine: bool) -> list[str]:
+    """The pod's network namespace on a shared host: a wildcard bind is the pod's address; an
+    engine told no --host (vLLM then binds every address) binds the pod's address."""
+    result = list(argv)
+    for index, word in enumerate(result[:-1]):
+        if word in HOST_FLAGS and result[index + 1] in (WILDCARD, "::"):
+            result[index + 1] = ip
+    if engine and "--host" not in result:
+        result += ["--host", ip]
+    return result
+
+
+def _field_ref(pod: Mapping[str, Any], path: str, ip: str) -> str:
+    meta = pod["metadata"]
+    values = {
+        "status.podIP": ip,
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", "default"),
+    }
+    return str(values.get(path, ""))
+
+
+def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], ip: str) -> dict[str, str]:
+    """The container's env as a kubelet resolves it: literal values (with `$(VAR)` of earlier
+    ones) and the downward API's fields; references to Secrets or ConfigMaps are left out."""
+    env: dict[str, str] = {}
+    for var in container.get("env") or []:
+        if "value" in var:
+            env[var["name"]] = expand(var.get("value") or "", env)
+        elif ref := (var.get("valueFrom") or {}).get("fieldRef"):
+            env[var["name"]] = _field_ref(pod, ref.get("fieldPath", ""), ip)
+    return env
+
+
+def _probe_url(container: Mapping[str, Any], ip: str) -> str | None:
+    get = ((container.get("readinessProbe") or {}).get("httpGet")) or {}
+    if not get:
+        return None
+    port = get.get("port")
+    if isinstance(port, str):
+        named = {p.get("name"): p.get("containerPort") for p in container.get("ports") or []}
+        port = named.get(port)
+    return f"http://{ip}:{port}{get.get('path', '/')}" if port else None
+
+
+class PodProcesses:
+    """Starts, probes and stops the processes of serving pods for a virtual kubelet."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        server: str,
+        ca_file: str | None,
+        request_token: Callable[[str, str], str],
+        commands: Mapping[str, Callable[[Sequence[str]], list[str]]] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`request_token(namespace, service_account)` returns a bound token (TokenRequest);
+        `server` and `ca_file` are the apiserver's, written into each pod's kubeconfig."""
+        self.workdir = workdir
+        self.server = server
+        self.ca_file = ca_file
+        self.request_token = request_token
+        self.commands = dict(commands or DEFAULT_COMMANDS)
+        self.extra_env = dict(extra_env or {})
+        self._addresses = itertools.count(1)
+        self._lock = threading.Lock()
+        self.running: dict[str, PodProcess] = {}
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    def _container(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if len(containers) != 1:
+            return None
+        command = [*(containers[0].get("command") or []), *(containers[0].get("args") or [])]
+        return containers[0] if command and command[0] in self.commands else None
+
+    def handles(self, pod: Mapping[str, Any]) -> bool:
+        """The pod runs one container whose command this host knows how to run."""
+        return self._container(pod) is not None
+
+    def address(self) -> str:
+        """A fresh loopback address for a pod."""
+        with self._lock:
+            offset = next(self._addresses) % (POD_LOOPBACK.num_addresses - 2)
+        return str(POD_LOOPBACK.network_address + offset)
+
+    def _kubeconfig(self, pod: Mapping[str, Any], folder: Path) -> Path | None:
+        spec = pod["spec"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        account = spec.get("serviceAccountName") or "default"
+        token = self.request_token(pod["metadata"]["namespace"], account)
+        cluster: dict[str, Any] = {"server": self.server}
+        if self.ca_file:
+            cluster["certificate-authority"] = self.ca_file
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": cluster}],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "pod",
+                    "context": {
+                        "cluster": "local",
+                        "user": account,
+                        "namespace": pod["metadata"]["namespace"],
+                    },
+                }
+            ],
+            "current-context": "pod",
+        }
+        path = folder / "kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def start(
+        self, pod: Mapping[str, Any], ip: str, env: Mapping[str, str], restart: int = 0
+    ) -> PodProcess:
+        """Start the pod's container process on `ip`, with `env` on top of the container's."""
+        container = self._container(pod)
+        if container is None:
+            raise ValueError(f"pod {pod['metadata']['name']} runs no command this host knows")
+        uid = pod["metadata"]["uid"]
+        self.stop(uid)
+        folder = self.workdir / f"{pod['metadata']['namespace']}_{pod['metadata']['name']}"
+        folder.mkdir(parents=True, exist_ok=True)
+        variables = {**container_env(pod, container, ip), **self.extra_env, **env}
+        argv = [*(container.get("command") or []), *(container.get("args") or [])]
+        argv = [expand(word, variables) for word in argv]
+        runner = self.commands[argv[0]]
+        argv = bind_to_pod(runner(argv), ip, engine=runner is engine_simulator_command)
+        kubeconfig = self._kubeconfig(pod, folder)
+        process_env = {**os.environ, **variables}
+        if kubeconfig is not None:
+            process_env["KUBECONFIG"] = str(kubeconfig)
+        log_path = folder / f"container-{restart}.log"
+        with log_path.open("wb") as output:
+            popen = subprocess.Popen(
+                argv,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=process_env,
+                start_new_session=True,  # a signal to the test run must not reach it directly
+            )
+        process = PodProcess(uid, ip, popen, _probe_url(container, ip), log_path)
+        with self._lock:
+            self.running[uid] = process
+        log.info("pod %s: started %s on %s", pod["metadata"]["name"], argv[0], ip)
+        return process
+
+    def ready(self, uid: str) -> bool:
+        """The readiness probe (httpGet) answers 2xx/3xx; a pod without one is ready once up."""
+        process = self.running.get(uid)
+        if process is None or not process.alive():
+            return False
+        if process.probe_url is None:
+            return True
+        try:
+            with urllib.request.urlopen(process.probe_url, timeout=PROBE_TIMEOUT_SECONDS) as answer:
+                status: int = answer.status
+            return 200 <= status < 400
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def alive(self, uid: str) -> bool:
+        """The pod's process is running."""
+        process = self.running.get(uid)
+        return process is not None and process.alive()
+
+    def stop(self, uid: str, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM, then SIGKILL after the grace period; forget the process."""
+        with self._lock:
+            process = self.running.pop(uid, None)
+        if process is None or not process.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.popen.pid, signal.SIGTERM)
+        try:
+            process.popen.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.popen.pid, signal.SIGKILL)
+            process.popen.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        """Stop every process (the kubelet is going away)."""
+        for uid in list(self.running):
+            self.stop(uid)
+
+
+def service_urls(api_client: Any, namespace: str, service: str, port_name: str) -> list[str]:
+    """`http://address:port` of every Ready pod behind a Service port: what kube-proxy would send
+    a client to, on a control plane that runs none. Computed from the Service's selector and the
+    pods, as the EndpointSlice controller does: the apiserver refuses loopback addresses in
+    EndpointSlices, so the slices of serving pods on loopback stay empty."""
+    base = f"/api/v1/namespaces/{namespace}"
+    spec = call_json(api_client, "GET", f"{base}/services/{service}", None)["spec"]
+    port = next(p for p in spec["ports"] if p.get("name") == port_name)
+    selector = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items())
+    pods = call_json(api_client, "GET", f"{base}/pods", None, query=[("labelSelector", selector)])
+    urls = []
+    for pod in pods.get("items") or []:
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        if not ready or pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
+            continue
+        target = port.get("targetPort", port["port"])
+        if isinstance(target, str):
+            named = {
+                p.get("name"): p.get("containerPort")
+                for c in pod["spec"]["containers"]
+                for p in c.get("ports") or []
+            }
+            target = named.get(target)
+        if target:
+            urls.append(f"http://{status['podIP']}:{target}")
+    return sorted(urls)

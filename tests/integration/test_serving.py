@@ -1,0 +1,264 @@
+"""Requests through a PDDeployment's endpoint: client -> real vllm-router -> prefill -> KV hand-off
+-> decode -> client, on the local control plane.
+
+The operator reconciles a PDDeployment whose pools and router name pd-mock-scheduler; the virtual
+kubelet runs each engine pod as the engine simulator over HTTP and each router pod as the real
+`vllm-router` binary, every one on its own loopback address, the router with a token of its own
+ServiceAccount. The client reaches the router as kube-proxy would: a Ready pod behind the
+endpoint Service's selector and port.
+"""
+
+import asyncio
+import copy
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kubetools import RunningOperator, create_pdd, get_pdd, patch_pdd, wait_for
+from pd_operator.sim.http_load import LoadConfig, replay
+from pd_operator.sim.pod_processes import service_urls
+from pd_operator.sim.scheduler import SCHEDULER_NAME
+from pd_operator.sim.virtual import VirtualCluster
+from pd_operator.sim.workload import Request
+from pdcases import ROOT, load_sample
+
+pytestmark = pytest.mark.integration
+
+SERVING = ROOT / "config" / "clusters" / "serving.yaml"
+NAME = "chat"
+MODEL = "zai-org/GLM-4.6-FP8"  # the sample's
+# Container start and model load 50x faster than the wall clock (82 s load -> 1.6 s); the
+# engines themselves serve in real time, so the client measures real latencies.
+TIME_SCALE = 0.02
+
+
+def pdd_body(prefill: int = 1, router: bool = True, policy: str = "CacheAware") -> dict[str, Any]:
+    body = copy.deepcopy(load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"))
+    body["metadata"]["name"] = NAME
+    spec = body["spec"]
+    spec["kvTransfer"] = {"connector": "NIXL", "protocol": "TCP", "cacheDtype": "FP8"}
+    for role, count in (("prefill", prefill), ("decode", 1)):
+        (pool,) = spec[role]["pools"]
+        pool["template"] = {**pool.get("template", {}), "schedulerName": SCHEDULER_NAME}
+        pool["replicas"] = {"min": count, "max": count}
+    spec["scaling"] = {"mode": "Disabled"}  # replicas move only when the test says so
+    spec["termination"] = {"drainSeconds": 0}
+    spec["router"] = {
+        "enabled": router,
+        "prefillPolicy": policy,
+        "template": {"schedulerName": SCHEDULER_NAME, "resources": {"requests": {"cpu": "1"}}},
+    }
+    return body
+
+
+@pytest.fixture
+def operator(cluster, namespace) -> Iterator[RunningOperator]:
+    running = RunningOperator(str(cluster.kubeconfig), namespaces=[namespace], workers=2).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def virtual(api_client, namespace, tmp_path: Path) -> Iterator[VirtualCluster]:
+    cluster = VirtualCluster(
+        api_client,
+        SERVING,
+        time_scale=TIME_SCALE,
+        name_prefix=f"{namespace}-",
+        namespace=namespace,
+        serve_dir=tmp_path / "pods",
+    )
+    with cluster:
+        yield cluster
+        client.CoreV1Api(api_client).delete_collection_namespaced_pod(
+            namespace, grace_period_seconds=0
+        )
+    assert cluster.processes is not None and not cluster.processes.running
+
+
+def ready_endpoint(api_client, namespace: str) -> str:
+    """The endpoint's URL once the PDDeployment is Ready and its Service has a ready address."""
+
+    def ready() -> str | None:
+        status = get_pdd(api_client, namespace, NAME).get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        if conditions.get("Ready") != "True":
+            return None
+        urls = service_urls(api_client, namespace, NAME, "http")
+        return urls[0] if urls else None
+
+    url = wait_for(ready, timeout=90, what="the PDDeployment Ready with a routable endpoint")
+    assert isinstance(url, str)
+    return url
+
+
+def requests(count: int, rate: float, input_tokens: int, output_tokens: int) -> list[Request]:
+    return [
+        Request(i / rate, input_tokens + i % 7, output_tokens + i % 5, hash_ids=(i % 4,))
+        for i in range(count)
+    ]
+
+
+def metric_total(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+def pod_urls(api_client, namespace: str, role: str) -> list[str]:
+    pods = client.CoreV1Api(api_client).list_namespaced_pod(
+        namespace, label_selector=f"pdoperator.io/deployment={NAME},pdoperator.io/role={role}"
+    )
+    return [f"http://{p.status.pod_ip}:8000" for p in pods.items if p.status.pod_ip]
+
+
+def test_a_sample_gets_a_router_with_its_own_identity_and_kubectl_shows_the_endpoint(
+    api_client, namespace, operator, virtual
+):
+    create_pdd(api_client, namespace, pdd_body())
+    url = ready_endpoint(api_client, namespace)
+    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    router = f"{NAME}-router"
+    assert core.read_namespaced_service_account(router, namespace)
+    assert rbac.read_namespaced_role(router, namespace).rules[0].verbs == ["list", "watch"]
+    assert rbac.read_namespaced_role_binding(router, namespace).subjects[0].name == router
+    assert client.PolicyV1Api(api_client).read_namespaced_pod_disruption_budget(router, namespace)
+    assert core.read_namespaced_service(NAME, namespace).spec.selector == {
+        "pdoperator.io/deployment": NAME,
+        "pdoperator.io/role": "router",
+    }
+    status = get_pdd(api_client, namespace, NAME)["status"]
+    assert status["endpoint"] == f"http://{NAME}.{namespace}.svc:8000"
+    assert status["router"]["readyReplicas"] == 1
+    assert url.startswith("http://127.")
+    # `kubectl get pdd` prints the endpoint column from status.
+    crd = client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
+        "pddeployments.pdoperator.io"
+    )
+    columns = {c.name: c.json_path for c in crd.spec.versions[0].additional_printer_columns}
+    assert columns["Endpoint"] == ".status.endpoint"
+
+
+def test_requests_through_the_endpoint_complete_streaming_and_not(
+    api_client, namespace, operator, virtual
+):
+    create_pdd(api_client, namespace, pdd_body())
+    url = ready_endpoint(api_client, namespace)
+    before = {
+        role: sum(
+            metric_total(u, "vllm:prompt_tokens_total")
+            for u in pod_urls(api_client, namespace, role)
+        )
+        for role in ("prefill",)
+    }
+    results = {}
+    for stream in (True, False):
+        config = LoadConfig(
+            url=url,
+            model=MODEL,
+            stream=stream,
+            max_in_flight=200,
+            timeout_s=60,
+            deadline_s=120,
+        )
+        results[stream] = asyncio.run(replay(requests(100, 20.0, 300, 40), config))
+    for stream, result in results.items():
+        failed = [r for r in result.records if r.reason is not None]
+        assert not failed, f"stream={stream}: {failed[:3]}"
+        for record in result.records:
+            assert record.tokens == record.output_tokens, record
+    streamed = results[True].summary
+    assert streamed.ttft_p50_s > 0 and streamed.itl_p50_s > 0
+    # Every request went through both roles: prefill computed the prompts, decode the tokens.
+    prefill_prompt = sum(
+        metric_total(u, "vllm:prompt_tokens_total")
+        for u in pod_urls(api_client, namespace, "prefill")
+    )
+    assert prefill_prompt - before["prefill"] >= 2 * sum(300 + i % 7 for i in range(100))
+    decoded = sum(
+        metric_total(u, "vllm:generation_tokens_total")
+        for u in pod_urls(api_client, namespace, "decode")
+    )
+    assert decoded >= 2 * sum(40 + i % 5 for i in range(100)) * 0.9
+
+
+def test_new_prefill_pods_get_requests_soon_after_they_are_ready(
+    api_client, namespace, operator, virtual
+):
+    # Round robin: a cache-aware router would rightly keep these prompts where they started.
+    create_pdd(api_client, namespace, pdd_body(prefill=1, policy="RoundRobin"))
+    url = ready_endpoint(api_client, namespace)
+    patch_pdd(
+        api_client, namespace, NAME, {"spec": {"prefill": pdd_body(prefill=3)["spec"]["prefill"]}}
+    )
+    wait_for(
+        lambda: (
+            len(pod_urls(api_client, namespace, "prefill")) == 3
+            and get_pdd(api_client, namespace, NAME)["status"]["pools"][0]["readyReplicas"] == 3
+        ),
+        timeout=60,
+        what="three Ready prefill replicas",
+    )
+    config = LoadConfig(url=url, model=MODEL, stream=False, max_in_flight=64, deadline_s=60)
+    result = asyncio.run(replay(requests(60, 5.0, 200, 4), config))  # 12 s of requests
+    assert not [r for r in result.records if r.reason is not None]
+    served = [
+        metric_total(u, "vllm:prompt_tokens_total")
+        for u in pod_urls(api_client, namespace, "prefill")
+    ]
+    assert all(tokens > 0 for tokens in served), served
+
+
+def test_the_routers_service_account_cannot_reach_beyond_its_namespace_or_secrets(
+    api_client, namespace, operator, virtual
+):
+    create_pdd(api_client, namespace, pdd_body())
+    ready_endpoint(api_client, namespace)
+    review = client.AuthorizationV1Api(api_client)
+    user = f"system:serviceaccount:{namespace}:{NAME}-router"
+
+    def allowed(verb: str, resource: str, where: str) -> bool:
+        body = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=user,
+                groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
+                resource_attributes=client.V1ResourceAttributes(
+                    verb=verb, resource=resource, namespace=where
+                ),
+            )
+        )
+        return bool(review.create_subject_access_review(body).status.allowed)
+
+    assert allowed("list", "pods", namespace) and allowed("watch", "pods", namespace)
+    assert not allowed("list", "pods", "kube-system")
+    assert not allowed("get", "secrets", namespace)
+    assert not allowed("list", "secrets", namespace)
+    assert not allowed("create", "pods", namespace)
+
+
+def test_router_disabled_creates_no_router_objects(api_client, namespace, operator, virtual):
+    create_pdd(api_client, namespace, pdd_body(router=False))
+    wait_for(
+        lambda: get_pdd(api_client, namespace, NAME).get("status", {}).get("observedGeneration"),
+        timeout=30,
+        what="a first status",
+    )
+    core = client.CoreV1Api(api_client)
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_service(NAME, namespace)
+    assert missing.value.status == 404
+    assert (
+        not client.AppsV1Api(api_client)
+        .list_namespaced_deployment(namespace, label_selector="pdoperator.io/role=router")
+        .items
+    )
+    assert "endpoint" not in get_pdd(api_client, namespace, NAME)["status"]
