@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubetools import RunningOperator, create_pdd, get_pdd, patch_pdd, wait_for
-from pd_operator.sim.http_load import LoadConfig, replay
+from pd_operator.sim.http_load import TIMEOUT, LoadConfig, replay
 from pd_operator.sim.pod_processes import service_urls
 from pd_operator.sim.scheduler import SCHEDULER_NAME
 from pd_operator.sim.virtual import VirtualCluster
@@ -262,3 +262,38 @@ def test_router_disabled_creates_no_router_objects(api_client, namespace, operat
         .items
     )
     assert "endpoint" not in get_pdd(api_client, namespace, NAME)["status"]
+
+
+def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_hang(
+    api_client, namespace, operator, virtual
+):
+    create_pdd(api_client, namespace, pdd_body())
+    url = ready_endpoint(api_client, namespace)
+    (decode,) = (
+        client.CoreV1Api(api_client)
+        .list_namespaced_pod(
+            namespace, label_selector=f"pdoperator.io/deployment={NAME},pdoperator.io/role=decode"
+        )
+        .items
+    )
+    timeout_s = 60.0
+    config = LoadConfig(url=url, model=MODEL, max_in_flight=64, timeout_s=timeout_s, deadline_s=120)
+
+    async def load_and_delete():
+        # 20 streams of 2,000 tokens (20 s or more each); the decode pod is deleted 3 s in and
+        # its engine killed 5 s after SIGTERM, while every stream still runs.
+        running = asyncio.create_task(replay(requests(20, 10.0, 200, 2000), config))
+        await asyncio.sleep(3.0)
+        await asyncio.to_thread(
+            client.CoreV1Api(api_client).delete_namespaced_pod, decode.metadata.name, namespace
+        )
+        return await running
+
+    result = asyncio.run(load_and_delete())
+    for record in result.records:
+        assert record.end_s is not None and record.start_s is not None, record
+        assert record.reason != TIMEOUT, record
+        assert record.end_s - record.start_s < timeout_s, record
+    cut = [r for r in result.records if r.reason is not None]
+    assert cut, "deleting the only decode replica mid-stream must cut some streams"
+    assert all(r.tokens < r.output_tokens for r in cut)
