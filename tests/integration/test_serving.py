@@ -10,6 +10,7 @@ endpoint Service's selector and port.
 
 import asyncio
 import copy
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -297,3 +298,57 @@ def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_
     cut = [r for r in result.records if r.reason is not None]
     assert cut, "deleting the only decode replica mid-stream must cut some streams"
     assert all(r.tokens < r.output_tokens for r in cut)
+
+
+def test_a_ttft_breach_through_the_router_scales_prefill(
+    api_client, namespace, operator, prometheus, tmp_path
+):
+    """The closed loop on the real request path: a load sent through the endpoint breaches TTFT
+    on one prefill replica; Prometheus scrapes the engine processes; the operator adds prefill."""
+    body = pdd_body()
+    spec = body["spec"]
+    spec["prefill"]["pools"][0]["replicas"] = {"min": 1, "max": 3}
+    spec["slo"] = {
+        "ttft": {"percentile": "P90", "targetMilliseconds": 1500},
+        "itl": {"percentile": "P90", "targetMilliseconds": 100},
+        "windowSeconds": 10,
+    }
+    spec["scaling"] = {
+        "mode": "Active",
+        "intervalSeconds": 5,
+        "scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 2},
+        "prometheus": {"url": prometheus.url},
+    }
+    with VirtualCluster(
+        api_client,
+        SERVING,
+        time_scale=TIME_SCALE,
+        name_prefix=f"{namespace}-",
+        namespace=namespace,
+        serve_dir=tmp_path / "pods",
+        sd_file=prometheus.targets_dir / f"{namespace}-serving.json",
+    ):
+        create_pdd(api_client, namespace, body)
+        url = ready_endpoint(api_client, namespace)
+        # 6,000-token prompts at 8 per second: more than one 8-card S5000 replica prefills, so
+        # requests queue and TTFT grows past the target.
+        config = LoadConfig(url=url, model=MODEL, max_in_flight=400, timeout_s=60, deadline_s=70)
+        load = threading.Thread(
+            target=lambda: asyncio.run(replay(requests(400, 8.0, 6000, 8), config)), daemon=True
+        )
+        load.start()
+
+        def grown() -> dict[str, Any] | None:
+            status = get_pdd(api_client, namespace, NAME).get("status") or {}
+            decision = status.get("lastDecision") or {}
+            return status if decision.get("prefillReplicas", 1) >= 2 else None
+
+        status = wait_for(grown, timeout=80, interval=1, what="the operator adding prefill")
+        assert status["observed"]["ttftMilliseconds"] > 1500, status["observed"]
+        load.join(timeout=80)
+        client.CustomObjectsApi(api_client).delete_namespaced_custom_object(
+            "pdoperator.io", "v1alpha1", namespace, "pddeployments", NAME
+        )
+        client.CoreV1Api(api_client).delete_collection_namespaced_pod(
+            namespace, grace_period_seconds=0
+        )

@@ -352,6 +352,7 @@ class VirtualKubelet:
             self._process_exited(run)
         elif self.processes.ready(run.uid):
             self._do_ready(run)
+            self.processes.publish(run.pod)
             with self._lock:
                 self._after(WATCH_SECONDS / self.time_scale, run, "watch")
         else:

@@ -16,6 +16,7 @@ given no --host) becomes the pod's address.
 import contextlib
 import ipaddress
 import itertools
+import json
 import logging
 import os
 import re
@@ -43,6 +44,17 @@ HOST_FLAGS = ("--host", "--prometheus-host")
 PROBE_TIMEOUT_SECONDS = 2.0
 STOP_GRACE_SECONDS = 5.0
 TOKEN_SECONDS = 3600
+SCRAPE, SCRAPE_PORT, SCRAPE_PATH = (
+    "prometheus.io/scrape",
+    "prometheus.io/port",
+    "prometheus.io/path",
+)
+# Pod label -> target label: the relabelling the operator's queries expect (adapters/promql.py).
+TARGET_LABELS = {
+    "pdoperator.io/deployment": "deployment",
+    "pdoperator.io/role": "role",
+    "pdoperator.io/pool": "pool",
+}
 _VARIABLE = re.compile(r"\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
@@ -143,10 +155,14 @@ class PodProcesses:
         request_token: Callable[[str, str], str],
         commands: Mapping[str, Callable[[Sequence[str]], list[str]]] | None = None,
         extra_env: Mapping[str, str] | None = None,
+        sd_file: Path | None = None,
     ) -> None:
         """`request_token(namespace, service_account)` returns a bound token (TokenRequest);
-        `server` and `ca_file` are the apiserver's, written into each pod's kubeconfig."""
+        `server` and `ca_file` are the apiserver's, written into each pod's kubeconfig.
+        With `sd_file`, every Ready serving pod is a Prometheus file-SD target there."""
         self.workdir = workdir
+        self.sd_file = sd_file
+        self._targets: dict[str, dict[str, Any]] = {}
         self.server = server
         self.ca_file = ca_file
         self.request_token = request_token
@@ -260,10 +276,44 @@ class PodProcesses:
         process = self.running.get(uid)
         return process is not None and process.alive()
 
+    def publish(self, pod: Mapping[str, Any]) -> None:
+        """The pod is Ready: scrape it, as Prometheus' Kubernetes SD would with the
+        `prometheus.io/*` annotations and the pod labels relabelled to the names the operator
+        reads (`deployment`, `role`, `pool`)."""
+        uid = pod["metadata"]["uid"]
+        process = self.running.get(uid)
+        annotations = pod["metadata"].get("annotations") or {}
+        if self.sd_file is None or process is None or annotations.get(SCRAPE) != "true":
+            return
+        labels = pod["metadata"].get("labels") or {}
+        group = {
+            "targets": [f"{process.ip}:{annotations.get(SCRAPE_PORT, '80')}"],
+            "labels": {
+                "__metrics_path__": annotations.get(SCRAPE_PATH, "/metrics"),
+                "namespace": pod["metadata"]["namespace"],
+                "pod": pod["metadata"]["name"],
+                **{name: labels[key] for key, name in TARGET_LABELS.items() if key in labels},
+            },
+        }
+        with self._lock:
+            self._targets[uid] = group
+            self._write_targets()
+
+    def _write_targets(self) -> None:
+        """Write the file aside and rename it, so Prometheus never reads half of it. Caller
+        holds the lock."""
+        if self.sd_file is None:
+            return
+        temporary = self.sd_file.with_name(f".{self.sd_file.name}.tmp")
+        temporary.write_text(json.dumps(list(self._targets.values())))
+        os.replace(temporary, self.sd_file)
+
     def stop(self, uid: str, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
-        """SIGTERM, then SIGKILL after the grace period; forget the process."""
+        """SIGTERM, then SIGKILL after the grace period; forget the process and its target."""
         with self._lock:
             process = self.running.pop(uid, None)
+            if self._targets.pop(uid, None) is not None:
+                self._write_targets()
         if process is None or not process.alive():
             return
         with contextlib.suppress(ProcessLookupError):
@@ -276,9 +326,11 @@ class PodProcesses:
             process.popen.wait(timeout=10)
 
     def stop_all(self) -> None:
-        """Stop every process (the kubelet is going away)."""
+        """Stop every process (the kubelet is going away) and withdraw the targets file."""
         for uid in list(self.running):
             self.stop(uid)
+        if self.sd_file is not None:
+            self.sd_file.unlink(missing_ok=True)
 
 
 def service_urls(api_client: Any, namespace: str, service: str, port_name: str) -> list[str]:

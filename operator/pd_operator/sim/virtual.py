@@ -178,6 +178,7 @@ class VirtualCluster:
         workers: int = 8,
         on_pod: Handler | None = None,
         serve_dir: Path | None = None,
+        sd_file: Path | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         self.name = f"{name_prefix}{self.profile.name}"
@@ -199,6 +200,7 @@ class VirtualCluster:
                 server=api_client.configuration.host,
                 ca_file=api_client.configuration.ssl_ca_cert,
                 request_token=self._service_account_token,
+                sd_file=sd_file,
             )
             if serve_dir is not None
             else None
