@@ -52,6 +52,11 @@ NAMESPACED_RIGHTS: set[Rule] = {
             ("apps", "deployments"),
             ("", "services"),
             ("policy", "poddisruptionbudgets"),
+            # The router's own identity, its pod-watching Role and binding, and its HPA.
+            ("", "serviceaccounts"),
+            ("rbac.authorization.k8s.io", "roles"),
+            ("rbac.authorization.k8s.io", "rolebindings"),
+            ("autoscaling", "horizontalpodautoscalers"),
         )
         for verb in ("list", "watch", "create", "patch", "delete")
     },
@@ -486,7 +491,12 @@ def test_engine_pod_monitor_scrapes_the_pool_pods_in_the_namespaces_the_operator
     enabled = {"engineMonitor": {"enabled": True, "labels": {"release": "kps"}}}
     assert not [o for o in render(enabled) if o["kind"] == "PodMonitor"]
     assert not [o for o in render({}, ["monitoring.coreos.com/v1"]) if o["kind"] == "PodMonitor"]
-    monitor = one(render(enabled, ["monitoring.coreos.com/v1"]), "PodMonitor")
+    rendered = render(enabled, ["monitoring.coreos.com/v1"])
+    monitor = one(rendered, "PodMonitor", "pdo-pd-operator-engines")
+    # The routers' own monitor comes with it (tests/unit/test_engine_scrape.py checks its rules).
+    assert one(rendered, "PodMonitor", "pdo-pd-operator-routers")["metadata"]["labels"][
+        "release"
+    ] == "kps"
     assert monitor["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert monitor["metadata"]["labels"]["release"] == "kps"
     spec = monitor["spec"]
@@ -505,7 +515,7 @@ def test_engine_pod_monitor_scrapes_the_pool_pods_in_the_namespaces_the_operator
         {"engineMonitor": {"enabled": True, "interval": "5s"}, "watchNamespaces": ["a", "b"]},
         ["monitoring.coreos.com/v1"],
     )
-    spec = one(namespaced, "PodMonitor")["spec"]
+    spec = one(namespaced, "PodMonitor", "pdo-pd-operator-engines")["spec"]
     assert spec["namespaceSelector"] == {"matchNames": ["a", "b"]}
     assert spec["podMetricsEndpoints"][0]["interval"] == "5s"
 

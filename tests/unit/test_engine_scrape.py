@@ -31,10 +31,12 @@ from pd_operator.core.children import (
     desired_children,
 )
 from pd_operator.core.engine_args import METRICS_PATH
+from pd_operator.core.router import METRICS_PORT, build_router_deployment
 from pd_operator.localcluster.processes import MissingBinaryError, find_binary
 from pdcases import ROOT, load_sample
 
 SCRAPE = ROOT / "deploy" / "prometheus" / "engine-scrape.yaml"
+ROUTER_SCRAPE = ROOT / "deploy" / "prometheus" / "router-scrape.yaml"
 OBSERVABILITY = ROOT / "docs" / "observability.md"
 CHART = ROOT / "charts" / "pd-operator"
 SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"
@@ -47,7 +49,18 @@ Target = dict[str, Any]  # a static_configs entry: {"targets": [...], "labels": 
 
 @pytest.fixture(scope="module")
 def pod_monitor() -> dict[str, Any]:
-    """The chart's PodMonitor, rendered with its defaults where the Prometheus Operator runs."""
+    """The chart's PodMonitor of the engines, rendered with its defaults where the Prometheus
+    Operator runs."""
+    return render_monitor("templates/podmonitor.yaml")
+
+
+@pytest.fixture(scope="module")
+def router_monitor() -> dict[str, Any]:
+    """The chart's PodMonitor of the routers, rendered like the engines' one."""
+    return render_monitor("templates/podmonitor-routers.yaml")
+
+
+def render_monitor(template: str) -> dict[str, Any]:
     try:
         helm = find_binary("helm")
     except MissingBinaryError as error:
@@ -58,7 +71,7 @@ def pod_monitor() -> dict[str, Any]:
         "--namespace=pd-system",
         "--set=engineMonitor.enabled=true",
         "--api-versions=monitoring.coreos.com/v1",
-        "--show-only=templates/podmonitor.yaml",
+        f"--show-only={template}",
     ]
     result = run([helm, "template", "pdo", CHART, *flags])
     assert result.returncode == 0, result.stderr
@@ -73,8 +86,8 @@ def run(argv: list[str | Path]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def scrape_job() -> dict[str, Any]:
-    (job,) = yaml.safe_load(SCRAPE.read_text())["scrape_configs"]
+def scrape_job(path: Path = SCRAPE) -> dict[str, Any]:
+    (job,) = yaml.safe_load(path.read_text())["scrape_configs"]
     return dict(job)
 
 
@@ -307,3 +320,42 @@ def test_docs_show_the_scrape_job_as_it_is_in_the_file():
     job = SCRAPE.read_text()
     shown = job[job.index("scrape_configs:") :]
     assert f"# prometheus.yml\n{shown}```" in OBSERVABILITY.read_text()
+
+
+def router_and_engine_pods() -> tuple[list[Target], dict[str, dict[str, str]]]:
+    """Discovered targets of the sample's router pod and its engine pods; the labels that each
+    kept target (the router's metrics port only) must end up with."""
+    document = load_sample(SAMPLE)
+    document["metadata"].update(namespace=NAMESPACE, uid="0b6f-uid")
+    pdd = parse_pddeployment(document)
+    router = build_router_deployment(pdd)["spec"]["template"]
+    targets = pod_targets(json.loads(json.dumps(router)), "glm-hetero-router-abc12", "10.0.3.1")
+    targets += engine_pods()[0]
+    expected = {
+        f"10.0.3.1:{METRICS_PORT}": {
+            "namespace": NAMESPACE,
+            "deployment": router["metadata"]["labels"][LABEL_DEPLOYMENT],
+            "role": "router",
+        }
+    }
+    return targets, expected
+
+
+@pytest.mark.parametrize("source", ["scrape job", "PodMonitor"])
+def test_router_metrics_are_scraped_on_their_own_port_with_the_objects_labels(
+    promtool, tmp_path, router_monitor, source
+):
+    relabel_configs = (
+        scrape_job(ROUTER_SCRAPE)["relabel_configs"]
+        if source == "scrape job"
+        else pod_monitor_relabel_configs(router_monitor)
+    )
+    targets, expected = router_and_engine_pods()
+    kept = discover(promtool, tmp_path, relabel_configs, targets)
+    # The router's metrics port, not its API port, and no engine.
+    assert set(kept) == set(expected)
+    for address, labels in kept.items():
+        assert {k: labels.get(k) for k in ("namespace", "deployment", "role")} == expected[address]
+    assert router_monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == (
+        "pd-operator-router"
+    )
