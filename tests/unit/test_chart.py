@@ -494,9 +494,10 @@ def test_engine_pod_monitor_scrapes_the_pool_pods_in_the_namespaces_the_operator
     rendered = render(enabled, ["monitoring.coreos.com/v1"])
     monitor = one(rendered, "PodMonitor", "pdo-pd-operator-engines")
     # The routers' own monitor comes with it (tests/unit/test_engine_scrape.py checks its rules).
-    assert one(rendered, "PodMonitor", "pdo-pd-operator-routers")["metadata"]["labels"][
-        "release"
-    ] == "kps"
+    assert (
+        one(rendered, "PodMonitor", "pdo-pd-operator-routers")["metadata"]["labels"]["release"]
+        == "kps"
+    )
     assert monitor["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert monitor["metadata"]["labels"]["release"] == "kps"
     spec = monitor["spec"]
