@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -168,7 +169,9 @@ class PodProcesses:
         self.request_token = request_token
         self.commands = dict(commands or DEFAULT_COMMANDS)
         self.extra_env = dict(extra_env or {})
-        self._addresses = itertools.count(1)
+        # A random start: several clusters (parallel test runs, a demo beside them) share the
+        # range, and 4 million addresses make a clash between their pods unlikely.
+        self._addresses = itertools.count(1 + secrets.randbelow(POD_LOOPBACK.num_addresses // 2))
         self._lock = threading.Lock()
         self.running: dict[str, PodProcess] = {}
         workdir.mkdir(parents=True, exist_ok=True)
