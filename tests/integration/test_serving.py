@@ -64,16 +64,24 @@ def operator(cluster, namespace) -> Iterator[RunningOperator]:
     running.stop()
 
 
-@pytest.fixture
-def virtual(api_client, namespace, tmp_path: Path) -> Iterator[VirtualCluster]:
-    cluster = VirtualCluster(
+def serving_cluster(
+    api_client, namespace: str, folder: Path, sd_file: Path | None = None
+) -> VirtualCluster:
+    """serving.yaml's nodes for this test's namespace; engine and router pods run as processes."""
+    return VirtualCluster(
         api_client,
         SERVING,
         time_scale=TIME_SCALE,
         name_prefix=f"{namespace}-",
         namespace=namespace,
-        serve_dir=tmp_path / "pods",
+        serve_dir=folder / "pods",
+        sd_file=sd_file,
     )
+
+
+@pytest.fixture
+def virtual(api_client, namespace, tmp_path: Path) -> Iterator[VirtualCluster]:
+    cluster = serving_cluster(api_client, namespace, tmp_path)
     with cluster:
         yield cluster
         client.CoreV1Api(api_client).delete_collection_namespaced_pod(
@@ -326,15 +334,8 @@ def test_a_ttft_breach_through_the_router_scales_prefill(
         "scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 2},
         "prometheus": {"url": prometheus.url},
     }
-    with VirtualCluster(
-        api_client,
-        SERVING,
-        time_scale=TIME_SCALE,
-        name_prefix=f"{namespace}-",
-        namespace=namespace,
-        serve_dir=tmp_path / "pods",
-        sd_file=prometheus.targets_dir / f"{namespace}-serving.json",
-    ):
+    sd_file = prometheus.targets_dir / f"{namespace}-serving.json"
+    with serving_cluster(api_client, namespace, tmp_path, sd_file):
         create_pdd(api_client, namespace, body)
         url = ready_endpoint(api_client, namespace)
         # 6,000-token prompts at 8 per second: more than one 8-card S5000 replica prefills, so
