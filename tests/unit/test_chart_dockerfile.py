@@ -11,22 +11,11 @@ import tomllib
 
 import yaml
 
+from dockerfiles import instructions
 from pdcases import ROOT
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 DOCKERIGNORE = (ROOT / ".dockerignore").read_text()
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
-    joined = re.sub(r"\\\n", " ", text)
-    result = []
-    for raw in joined.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            keyword, _, rest = line.partition(" ")
-            result.append((keyword.upper(), rest.strip()))
-    return result
 
 
 INSTRUCTIONS = instructions(DOCKERFILE)

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from dockerfiles import instructions
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.children import build_deployment
 from pd_operator.core.drain import SCRIPT as DRAIN_SCRIPT
@@ -56,18 +57,6 @@ SIM_ENV = {"PD_SIM_HARDWARE": "h200", "PD_SIM_MODEL": "glm-4.5-fp8", "PD_SIM_LOA
 
 
 # --- the Dockerfile, read as text -----------------------------------------------------------
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
-    joined = re.sub(r"\\\n", " ", text)
-    result = []
-    for raw in joined.splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            keyword, _, rest = line.partition(" ")
-            result.append((keyword.upper(), rest.strip()))
-    return result
 
 
 INSTRUCTIONS = instructions(DOCKERFILE)

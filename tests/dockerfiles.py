@@ -1,0 +1,15 @@
+"""Reading a Dockerfile as text, for the image tests (no image is built on these machines)."""
+
+import re
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    result = []
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
