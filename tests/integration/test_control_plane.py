@@ -45,7 +45,16 @@ def test_crd_is_served_with_printer_columns_and_explain(cluster, api_client, nam
     assert "pddeployments" in resources and "pdd" in resources
     create(api_client, namespace, minimal())
     table = cluster.kubectl("get", "pdd", "-n", namespace).splitlines()
-    assert table[0].split() == ["NAME", "READY", "PREFILL", "DECODE", "TTFT(MS)", "ITL(MS)", "AGE"]
+    assert table[0].split() == [
+        "NAME",
+        "READY",
+        "PREFILL",
+        "DECODE",
+        "TTFT(MS)",
+        "ITL(MS)",
+        "ENDPOINT",
+        "AGE",
+    ]
     assert table[1].split()[0] == "minimal"
     explained = cluster.kubectl("explain", "pdd.spec.prefill.pools.accelerator")
     assert "resourceName" in explained and "mthreads.com/gpu" in explained
