@@ -1,7 +1,7 @@
 """Kubernetes resource quantities as exact decimals ("500m", "64Gi", "8")."""
 
 import re
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 _SUFFIXES = {
     "": Decimal(1),
@@ -19,7 +19,11 @@ _SUFFIXES = {
     "Pi": Decimal(2**50),
     "Ei": Decimal(2**60),
 }
-_PATTERN = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+# Kubernetes' grammar: a signed decimal number (digits on at least one side of one point), then
+# a decimal exponent or a suffix.
+_PATTERN = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+)
 
 
 def parse_quantity(text: str | int) -> Decimal:
@@ -30,7 +34,10 @@ def parse_quantity(text: str | int) -> Decimal:
     if not match:
         raise ValueError(f"not a Kubernetes quantity: {text!r}")
     number, exponent, suffix = match.groups()
-    value = Decimal(number + (exponent or ""))
+    try:
+        value = Decimal(number + (exponent or ""))
+    except InvalidOperation:  # never for what the pattern admits; kept as ValueError regardless
+        raise ValueError(f"not a Kubernetes quantity: {text!r}") from None
     return value * _SUFFIXES[suffix or ""]
 
 
