@@ -178,6 +178,19 @@ def test_converged_object_costs_zero_writes(operator, api_client, namespace):
     assert quiet(operator, seconds=4) == 0  # several resyncs, nothing written
 
 
+def test_empty_values_the_apiserver_drops_are_no_drift(operator, api_client, namespace):
+    # Valid specs whose empty strings the apiserver stores as absent: an env var without a
+    # value, a toleration of every taint (key ""). They once re-applied on every event.
+    body = copy.deepcopy(HETERO)
+    pool = body["spec"]["prefill"]["pools"][0]
+    pool["template"] = {**pool.get("template", {}), "env": [{"name": "EMPTY"}]}
+    pool["accelerator"]["tolerations"] = [{"key": "", "operator": "Exists"}]
+    create_pdd(api_client, namespace, body)
+    converged(api_client, namespace, "glm-hetero")
+    assert quiet(operator, seconds=4) == 0
+    assert not events(api_client, namespace, "DriftCorrected")
+
+
 def test_spec_change_rolls_out_and_removed_pool_is_deleted(operator, api_client, namespace):
     create_pdd(api_client, namespace, copy.deepcopy(SPILLOVER))
     wait_for(lambda: len(deployments(api_client, namespace)) == 3, what="three Deployments")

@@ -106,11 +106,17 @@ def spec_hash(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
+# Values the apiserver drops from a struct field (Go's omitempty): a field we set to one of them
+# is stored absent, which is no drift (`env: [{name: X}]`, a toleration with `key: ""`).
+_DROPPED_EMPTY: tuple[Any, ...] = ("", [], {})
+
+
 def is_subset(desired: Any, actual: Any) -> bool:
     """Every field we set is present with the same value (server defaults may add more)."""
     if isinstance(desired, Mapping):
         return isinstance(actual, Mapping) and all(
-            key in actual and is_subset(value, actual[key]) for key, value in desired.items()
+            is_subset(value, actual[key]) if key in actual else value in _DROPPED_EMPTY
+            for key, value in desired.items()
         )
     if isinstance(desired, list):
         return (
