@@ -223,6 +223,31 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         mutate("spec.scaling.seasonal", {"seasons": 9}),
         "spec.scaling.seasonal.seasons",
     ),
+    (
+        "schedule-time-zone-a-path",
+        mutate("spec.scaling.schedules", [schedule(timeZone="../../etc/passwd")]),
+        "spec.scaling.schedules[0].timeZone",
+    ),
+    (
+        "seasonal-time-zone-with-spaces",
+        mutate("spec.scaling.seasonal", {"timeZone": "Asia/Shanghai time"}),
+        "spec.scaling.seasonal.timeZone",
+    ),
+    (
+        "router-replicas-min-over-max",
+        mutate("spec.router.replicas", {"min": 3, "max": 2}),
+        "spec.router.replicas",
+    ),
+    (
+        "router-service-account",
+        mutate("spec.router.template", {"serviceAccountName": "admin"}),
+        "spec.router.template",
+    ),
+    (
+        "router-policy-unknown",
+        mutate("spec.router.prefillPolicy", "LeastLatency"),
+        "spec.router.prefillPolicy",
+    ),
     ("name-not-dns-label", mutate("metadata.name", "GLM.Hetero"), "metadata.name"),
     ("name-too-long", mutate("metadata.name", "g" * 64), "metadata.name"),
 ]

@@ -24,6 +24,8 @@ NEEDS_APISERVER = {
     "schedule-unknown-pool",
     "schedule-floor-over-max",
     "schedule-duplicate-names",
+    "router-replicas-min-over-max",  # CEL rules: only the apiserver evaluates them
+    "router-service-account",
 }
 
 

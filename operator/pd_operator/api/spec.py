@@ -399,7 +399,10 @@ def _known_time_zone(name: str) -> str:
     return name
 
 
-TimeZone = Annotated[StrictStr, Field(min_length=1, max_length=64)]
+# An IANA name's shape ("UTC", "Asia/Shanghai", "Etc/GMT+8"): refused at admission when it
+# cannot be one (a path, spaces); which names exist is checked by the models and the operator.
+TIME_ZONE_PATTERN = r"^[A-Za-z][-+_A-Za-z0-9]*(/[A-Za-z0-9][-+_A-Za-z0-9]*)*$"
+TimeZone = Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=TIME_ZONE_PATTERN)]
 
 
 class ScheduleSpec(SpecModel):
