@@ -226,11 +226,24 @@ def test_service_account_token_is_enough_to_reconcile_a_sample(
         create_pdd(api_client, namespace, copy.deepcopy(SAMPLE))
         apps, core = client.AppsV1Api(api_client), client.CoreV1Api(api_client)
         wait_for(
-            lambda: len(apps.list_namespaced_deployment(namespace).items) == 2,
-            what="the two pool Deployments, applied with the ServiceAccount's rights",
+            lambda: len(apps.list_namespaced_deployment(namespace).items) == 3,
+            what="the pools' and the router's Deployments, with the ServiceAccount's rights",
         )
-        services = {s.metadata.name for s in core.list_namespaced_service(namespace).items}
-        assert services == {"glm-hetero-prefill", "glm-hetero-decode"}
+        services = wait_for(
+            lambda: (
+                (names := {s.metadata.name for s in core.list_namespaced_service(namespace).items})
+                == {"glm-hetero-prefill", "glm-hetero-decode", "glm-hetero"}
+                and names
+            ),
+            what="the roles' Services and the endpoint",
+        )
+        assert services
+        # The router's Role grants pod reads the operator holds itself: no escalation refused.
+        rbac = client.RbacAuthorizationV1Api(api_client)
+        assert rbac.read_namespaced_role("glm-hetero-router", namespace).rules[0].resources == [
+            "pods"
+        ]
+        assert rbac.read_namespaced_role_binding("glm-hetero-router", namespace)
         obj = wait_for(
             lambda: (
                 (o := get_pdd(api_client, namespace, "glm-hetero")).get("status", {}).get("pools")

@@ -37,13 +37,19 @@ def operator(cluster, namespace):
     running.stop()
 
 
-def deployments(api_client, namespace):
-    items = client.AppsV1Api(api_client).list_namespaced_deployment(namespace).items
+# The pools' children; the router's (tests/integration/test_serving.py) are left out.
+POOLS = "pdoperator.io/role in (prefill,decode)"
+
+
+def deployments(api_client, namespace, selector=POOLS):
+    apps = client.AppsV1Api(api_client)
+    items = apps.list_namespaced_deployment(namespace, label_selector=selector).items
     return {d.metadata.name: d for d in items}
 
 
-def budgets(api_client, namespace):
-    items = client.PolicyV1Api(api_client).list_namespaced_pod_disruption_budget(namespace).items
+def budgets(api_client, namespace, selector=POOLS):
+    policy = client.PolicyV1Api(api_client)
+    items = policy.list_namespaced_pod_disruption_budget(namespace, label_selector=selector).items
     return {b.metadata.name: b for b in items}
 
 
@@ -259,9 +265,9 @@ def test_deleting_the_pddeployment_removes_every_child(operator, api_client, nam
     core = client.CoreV1Api(api_client)
     wait_for(
         lambda: (
-            not deployments(api_client, namespace)
+            not deployments(api_client, namespace, selector="")
             and not [s for s in core.list_namespaced_service(namespace).items]
-            and not budgets(api_client, namespace)
+            and not budgets(api_client, namespace, selector="")
         ),
         what="garbage collection of Deployments, Services and PodDisruptionBudgets",
     )
