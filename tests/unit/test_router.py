@@ -221,3 +221,21 @@ def test_the_router_template_sets_image_scheduler_and_resources_but_never_the_id
     assert pod["metadata"]["labels"]["team"] == "llm"
     with pytest.raises(InvalidSpecError, match=r"router\.template\.serviceAccountName"):
         parse_pddeployment(mutate("spec.router.template", {"serviceAccountName": "admin"}))
+
+
+def test_the_installed_vllm_router_accepts_the_command_line_the_operator_builds():
+    # The router's own parser (from the pinned wheel): a flag it does not know would crash the
+    # router pod at start.
+    from vllm_router.launch_router import parse_router_args
+
+    document = mutate("spec.router.replicas", {"min": 1, "max": 3})
+    argv = router_command(pdd(document))
+    assert argv[0] == "vllm-router"
+    parsed = parse_router_args(argv[1:])
+    assert parsed.vllm_pd_disaggregation and parsed.service_discovery
+    assert parsed.prefill_selector == {
+        "pdoperator.io/deployment": "minimal",
+        "pdoperator.io/role": "prefill",
+    }
+    assert parsed.service_discovery_namespace == "llm"
+    assert (parsed.host, parsed.port, parsed.prometheus_port) == ("0.0.0.0", 8000, 29000)
