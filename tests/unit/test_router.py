@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+from vllm_router.launch_router import parse_router_args
 
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.core.children import desired_children
@@ -226,8 +227,6 @@ def test_the_router_template_sets_image_scheduler_and_resources_but_never_the_id
 def test_the_installed_vllm_router_accepts_the_command_line_the_operator_builds():
     # The router's own parser (from the pinned wheel): a flag it does not know would crash the
     # router pod at start.
-    from vllm_router.launch_router import parse_router_args
-
     document = mutate("spec.router.replicas", {"min": 1, "max": 3})
     argv = router_command(pdd(document))
     assert argv[0] == "vllm-router"
