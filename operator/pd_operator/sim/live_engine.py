@@ -5,7 +5,10 @@ durations come from the performance model through `ReplicaSpec`: a prefill batch
 token budget, never chunked) while prompts wait, otherwise one decode step in which every running
 sequence gets one token. A request whose KV cache comes from a prefill engine skips the prefill:
 its KV is reserved, transferred (prompt tokens x KV bytes per token / link bandwidth) and it joins
-the decode batch at the next step boundary. No HTTP here: a server awaits `LiveRequest` progress.
+the decode batch at the next step boundary. The transfer starts once the prefill engine is done
+with the prompt: at once when the request says so (vLLM's decode request carries the prefill's
+answer), or when the server calls `kv_ready` (SGLang's decode learns it from the prefill engine's
+bootstrap server). No HTTP here: a server awaits `LiveRequest` progress.
 
 Time: steps follow an absolute schedule (each ends `duration` after the previous one's scheduled
 end), so a busy host's late wake-ups do not add up; after idling, or when the host lags by more
@@ -42,7 +45,7 @@ class OverloadedError(Exception):
 class State(Enum):
     QUEUED = auto()  # waiting for a prefill batch
     KV_WAIT = auto()  # its KV comes from a prefill engine; waiting for KV memory
-    TRANSFER = auto()  # KV memory reserved, the transfer is on the wire
+    TRANSFER = auto()  # KV memory reserved; the transfer is on the wire (or awaits `kv_ready`)
     READY = auto()  # KV arrived; joins the decode batch at the next step with a free slot
     PREFILL = auto()  # in the prefill batch that runs now
     RUNNING = auto()  # in the decode batch
@@ -58,6 +61,7 @@ class LiveRequest:
         "emitted",
         "id",
         "kv_need",
+        "kv_ready",
         "last_token",
         "max_tokens",
         "prompt_tokens",
@@ -67,7 +71,14 @@ class LiveRequest:
     )
 
     def __init__(
-        self, seq_id: int, prompt_tokens: int, max_tokens: int, remote_kv: bool, arrival: float
+        self,
+        seq_id: int,
+        prompt_tokens: int,
+        max_tokens: int,
+        remote_kv: bool,
+        arrival: float,
+        *,
+        kv_ready: bool = True,
     ) -> None:
         self.id = seq_id
         self.prompt_tokens = prompt_tokens
@@ -78,6 +89,8 @@ class LiveRequest:
         self.state = State.KV_WAIT if remote_kv else State.QUEUED
         # KV reserved for the whole answer at admission, so nothing is ever preempted.
         self.kv_need = prompt_tokens + max_tokens
+        # For remote KV: the prefill engine is done with the prompt, so the transfer may start.
+        self.kv_ready = kv_ready
         self.waiter: asyncio.Future[None] | None = None
         self.wake_at = 0
 
@@ -208,17 +221,30 @@ class LiveEngine:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
-    def submit(self, prompt_tokens: int, max_tokens: int, *, remote_kv: bool) -> LiveRequest:
-        """Queue a request; `remote_kv`: its KV cache is transferred from a prefill engine."""
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, *, remote_kv: bool, kv_ready: bool = True
+    ) -> LiveRequest:
+        """Queue a request; `remote_kv`: its KV cache is transferred from a prefill engine, once
+        the prefill is done (`kv_ready`, or a later `kv_ready(seq)` call)."""
         if self.waiting >= self.max_waiting:
             raise OverloadedError(
                 f"{self.waiting} requests are waiting (the most this engine holds)"
             )
-        seq = LiveRequest(self._next_id, prompt_tokens, max_tokens, remote_kv, self._clock())
+        seq = LiveRequest(
+            self._next_id, prompt_tokens, max_tokens, remote_kv, self._clock(), kv_ready=kv_ready
+        )
         self._next_id += 1
         (self._kv_queue if remote_kv else self._prefill_queue).append(seq)
         self._wake.set()
         return seq
+
+    def kv_ready(self, seq: LiveRequest) -> None:
+        """The prefill engine is done with `seq`'s prompt: its KV transfer may start."""
+        if seq.kv_ready or seq.finished:
+            return
+        seq.kv_ready = True
+        if seq.state is State.TRANSFER:  # memory reserved already: the transfer starts now
+            self._start_transfer(seq)
 
     def release(self, seq: LiveRequest) -> None:
         """The client is gone (or was answered): free whatever the sequence still holds."""
@@ -232,6 +258,10 @@ class LiveEngine:
             self._kv_queue.remove(seq)
         elif state is State.READY:
             self._ready.remove(seq)
+            self._kv_reserved -= seq.kv_need
+        elif state is State.TRANSFER and not seq.kv_ready:
+            # Still waiting for the prefill engine: it holds memory and no timer yet.
+            self._transfers.discard(seq)
             self._kv_reserved -= seq.kv_need
         elif state is State.RUNNING:
             del self._running[seq.id]
@@ -280,14 +310,17 @@ class LiveEngine:
         return self._kv_reserved + need <= self.spec.kv_capacity_tokens or self._kv_reserved == 0
 
     def _admit_transfers(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._kv_queue and self._fits(self._kv_queue[0].kv_need):
             seq = self._kv_queue.popleft()
             seq.state = State.TRANSFER
             self._kv_reserved += seq.kv_need
             self._transfers.add(seq)
-            delay = seq.prompt_tokens * self._transfer_s_per_token * self.time_scale
-            loop.call_later(delay, self._kv_arrived, seq)
+            if seq.kv_ready:
+                self._start_transfer(seq)
+
+    def _start_transfer(self, seq: LiveRequest) -> None:
+        delay = seq.prompt_tokens * self._transfer_s_per_token * self.time_scale
+        asyncio.get_running_loop().call_later(delay, self._kv_arrived, seq)
 
     def _kv_arrived(self, seq: LiveRequest) -> None:
         self._transfers.discard(seq)
