@@ -38,10 +38,13 @@ MODEL = "zai-org/GLM-4.6-FP8"  # the sample's
 TIME_SCALE = 0.02
 
 
-def pdd_body(prefill: int = 1, router: bool = True, policy: str = "CacheAware") -> dict[str, Any]:
+def pdd_body(
+    prefill: int = 1, router: bool = True, policy: str = "CacheAware", engine: str = "VLLM"
+) -> dict[str, Any]:
     body = copy.deepcopy(load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"))
     body["metadata"]["name"] = NAME
     spec = body["spec"]
+    spec["model"]["engine"] = engine
     spec["kvTransfer"] = {"connector": "NIXL", "protocol": "TCP", "cacheDtype": "FP8"}
     for role, count in (("prefill", prefill), ("decode", 1)):
         (pool,) = spec[role]["pools"]
@@ -360,3 +363,17 @@ def test_a_ttft_breach_through_the_router_scales_prefill(
         client.CoreV1Api(api_client).delete_collection_namespaced_pod(
             namespace, grace_period_seconds=0
         )
+
+
+def test_sglang_requests_go_through_sglang_router_and_its_bootstrap_hand_off(
+    api_client, namespace, operator, virtual
+):
+    # sglang-router finds the prefill pods' KV bootstrap port by their annotation, sends each
+    # request to a prefill and a decode replica at once, and the decode side waits for its room.
+    create_pdd(api_client, namespace, pdd_body(engine="SGLang"))
+    url = ready_endpoint(api_client, namespace)
+    for stream in (True, False):
+        config = LoadConfig(url=url, model=MODEL, stream=stream, max_in_flight=64, deadline_s=60)
+        result = asyncio.run(replay(requests(40, 10.0, 300, 20), config))
+        assert not [r for r in result.records if r.reason is not None], result.summary
+        assert all(r.tokens == r.output_tokens for r in result.records)

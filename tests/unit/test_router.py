@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+from sglang_router.launch_router import parse_router_args as parse_sglang_router_args
 from vllm_router.launch_router import parse_router_args
 
 from pd_operator.api import InvalidSpecError, parse_pddeployment
@@ -238,3 +239,15 @@ def test_the_installed_vllm_router_accepts_the_command_line_the_operator_builds(
     }
     assert parsed.service_discovery_namespace == "llm"
     assert (parsed.host, parsed.port, parsed.prometheus_port) == ("0.0.0.0", 8000, 29000)
+
+
+def test_the_installed_sglang_router_accepts_the_command_line_the_operator_builds():
+    argv = router_command(pdd(mutate("spec.model.engine", "SGLang")))
+    assert argv[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    parsed = parse_sglang_router_args(argv[3:])
+    assert parsed.pd_disaggregation and parsed.service_discovery
+    assert parsed.decode_selector == {
+        "pdoperator.io/deployment": "minimal",
+        "pdoperator.io/role": "decode",
+    }
+    assert (parsed.service_discovery_port, parsed.port) == (30000, 8000)

@@ -60,19 +60,28 @@ _VARIABLE = re.compile(r"\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
 def engine_simulator_command(argv: Sequence[str]) -> list[str]:
-    """`vllm serve ...` as the engine simulator runs it: the same arguments."""
+    """An engine's own command line (`vllm serve ...`, `python3 -m sglang.launch_server ...`)
+    as the engine simulator runs it: the same arguments."""
     return [sys.executable, "-m", "pd_operator.sim.http_engine", *argv]
 
 
-def router_binary_command(argv: Sequence[str]) -> list[str]:
+def vllm_router_command(argv: Sequence[str]) -> list[str]:
     """`vllm-router ...` as the router binary installed beside this Python runs it."""
     return [str(Path(sys.executable).with_name("vllm-router")), *argv[1:]]
 
 
-# The container command's first word -> how to run it here.
-DEFAULT_COMMANDS: dict[str, Callable[[Sequence[str]], list[str]]] = {
-    "vllm": engine_simulator_command,
-    "vllm-router": router_binary_command,
+def python_module_command(argv: Sequence[str]) -> list[str]:
+    """`python3 -m MODULE ...` (sglang-router) with this Python, where the module is installed."""
+    return [sys.executable, *argv[1:]]
+
+
+Runner = Callable[[Sequence[str]], list[str]]
+# The start of a container's command -> how to run it here.
+DEFAULT_COMMANDS: dict[tuple[str, ...], Runner] = {
+    ("vllm",): engine_simulator_command,
+    ("python3", "-m", "sglang.launch_server"): engine_simulator_command,
+    ("vllm-router",): vllm_router_command,
+    ("python3", "-m", "sglang_router.launch_router"): python_module_command,
 }
 
 
@@ -154,7 +163,7 @@ class PodProcesses:
         server: str,
         ca_file: str | None,
         request_token: Callable[[str, str], str],
-        commands: Mapping[str, Callable[[Sequence[str]], list[str]]] | None = None,
+        commands: Mapping[tuple[str, ...], Runner] | None = None,
         extra_env: Mapping[str, str] | None = None,
         sd_file: Path | None = None,
     ) -> None:
@@ -176,12 +185,18 @@ class PodProcesses:
         self.running: dict[str, PodProcess] = {}
         workdir.mkdir(parents=True, exist_ok=True)
 
+    def _runner(self, argv: Sequence[str]) -> Runner | None:
+        return next(
+            (run for start, run in self.commands.items() if tuple(argv[: len(start)]) == start),
+            None,
+        )
+
     def _container(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
         containers = (pod.get("spec") or {}).get("containers") or []
         if len(containers) != 1:
             return None
         command = [*(containers[0].get("command") or []), *(containers[0].get("args") or [])]
-        return containers[0] if command and command[0] in self.commands else None
+        return containers[0] if self._runner(command) is not None else None
 
     def handles(self, pod: Mapping[str, Any]) -> bool:
         """The pod runs one container whose command this host knows how to run."""
@@ -238,7 +253,8 @@ class PodProcesses:
         variables = {**container_env(pod, container, ip), **self.extra_env, **env}
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
         argv = [expand(word, variables) for word in argv]
-        runner = self.commands[argv[0]]
+        runner = self._runner(argv)
+        assert runner is not None  # _container checked it
         argv = bind_to_pod(runner(argv), ip, engine=runner is engine_simulator_command)
         kubeconfig = self._kubeconfig(pod, folder)
         process_env = {**os.environ, **variables}
