@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,10 @@ def python_module_command(argv: Sequence[str]) -> list[str]:
     return [sys.executable, *argv[1:]]
 
 
+# A pod process outlives no kubelet: if the process running it is killed (a test run stopped,
+# a CI timeout), the kernel sends its processes SIGTERM (util-linux setpriv, where present).
+_SETPRIV = shutil.which("setpriv")
+DIE_WITH_PARENT: tuple[str, ...] = (_SETPRIV, "--pdeathsig", "TERM", "--") if _SETPRIV else ()
 Runner = Callable[[Sequence[str]], list[str]]
 # The start of a container's command -> how to run it here.
 DEFAULT_COMMANDS: dict[tuple[str, ...], Runner] = {
@@ -263,7 +268,7 @@ class PodProcesses:
         log_path = folder / f"container-{restart}.log"
         with log_path.open("wb") as output:
             popen = subprocess.Popen(
-                argv,
+                [*DIE_WITH_PARENT, *argv],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
