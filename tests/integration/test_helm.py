@@ -382,3 +382,37 @@ def test_crd_created_by_helm_upgrades_with_server_side_apply_and_outlives_the_re
         ]
     finally:
         fresh.stop()
+
+
+def test_owner_reference_enforcement_admits_what_the_charts_rights_write(
+    helm_bin, helm_env, tmp_path
+):
+    # OwnerReferencesPermissionEnforcement (on by default in OpenShift) lets a client set
+    # blockOwnerDeletion on a child only with `update` on the owner's finalizers.
+    enforced = LocalCluster(admission_plugins=["OwnerReferencesPermissionEnforcement"])
+    try:
+        enforced.start()
+    except LocalClusterError as error:
+        pytest.fail(f"a control plane with owner-reference enforcement: {error}", pytrace=False)
+    tool = Helm(helm_bin, helm_env, enforced)
+    try:
+        release = tool.install()
+        api = config.new_client_from_config(config_file=str(enforced.kubeconfig))
+        namespace = f"t-{uuid.uuid4().hex[:10]}"
+        enforced.kubectl("create", "namespace", namespace)
+        kubeconfig = token_kubeconfig(enforced, release, tmp_path / "sa.kubeconfig")
+        operator = RunningOperator(str(kubeconfig), workers=2, resync_seconds=5).start()
+        try:
+            create_pdd(api, namespace, copy.deepcopy(SAMPLE))
+            # Every child, the router's included, carries blockOwnerDeletion: all admitted.
+            wait_for(
+                lambda: len(client.AppsV1Api(api).list_namespaced_deployment(namespace).items) == 3,
+                what="the pools' and the router's Deployments under owner-reference enforcement",
+            )
+            obj = get_pdd(api, namespace, "glm-hetero")
+            assert condition(obj, "Stalled")["status"] == "False", obj["status"]
+        finally:
+            operator.stop()
+    finally:
+        tool.uninstall_all()
+        enforced.stop()

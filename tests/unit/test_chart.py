@@ -46,6 +46,8 @@ NAMESPACED_RIGHTS: set[Rule] = {
     ("pdoperator.io", "pddeployments", "list"),
     ("pdoperator.io", "pddeployments", "watch"),
     ("pdoperator.io", "pddeployments/status", "patch"),
+    # blockOwnerDeletion on children, under OwnerReferencesPermissionEnforcement.
+    ("pdoperator.io", "pddeployments/finalizers", "update"),
     *{
         (group, resource, verb)
         for group, resource in (

@@ -71,6 +71,11 @@ and Secrets are never listed or watched.
 - apiGroups: ["pdoperator.io"]
   resources: ["pddeployments/status"]
   verbs: ["patch"]
+# Children carry blockOwnerDeletion: under OwnerReferencesPermissionEnforcement (OpenShift's
+# default) setting it needs update on the owner's finalizers. The operator adds no finalizer.
+- apiGroups: ["pdoperator.io"]
+  resources: ["pddeployments/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]

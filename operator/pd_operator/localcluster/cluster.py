@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -116,9 +117,18 @@ class KubectlCluster:
 class LocalCluster(KubectlCluster):
     """Start with `start()` (or a `with` block); `stop()` leaves no process and no folder."""
 
-    def __init__(self, *, install_crds: bool = True, keep_dir: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        install_crds: bool = True,
+        keep_dir: bool = False,
+        admission_plugins: Sequence[str] = (),
+    ) -> None:
+        """`admission_plugins`: enabled besides the apiserver's defaults (e.g. OpenShift's
+        OwnerReferencesPermissionEnforcement)."""
         self.install_crds = install_crds
         self.keep_dir = keep_dir
+        self.admission_plugins = tuple(admission_plugins)
         self.dir = Path(tempfile.mkdtemp(prefix="pd-localcluster-"))
         self.processes: list[ManagedProcess] = []
         self.server = ""
@@ -210,6 +220,11 @@ class LocalCluster(KubectlCluster):
                 f"--cert-dir={self.dir / 'pki'}",
                 "--profiling=false",
                 "--v=1",
+                *(
+                    [f"--enable-admission-plugins={','.join(self.admission_plugins)}"]
+                    if self.admission_plugins
+                    else []
+                ),
             ],
         )
         context = ssl.create_default_context(cafile=str(ca.cert_path))
