@@ -59,7 +59,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 What the operator does in each namespace it serves, and nothing more (adapters/kube.py and
 handlers/operator.py): watch PDDeployments and patch their status; server-side apply (create +
-patch), delete, list and watch the Deployments, Services and PodDisruptionBudgets it owns; watch their pods; post
+patch), delete, list and watch the Deployments, Services and PodDisruptionBudgets it owns, and
+each router's ServiceAccount, Role (list/watch pods: rights the operator holds, so no
+escalation), RoleBinding and HorizontalPodAutoscaler; watch their pods; post
 Events (the operator's and kopf's own, both POST only). No get, except on the Secrets that
 spec.scaling.prometheus names (rbac.readPrometheusSecrets): every other read comes from a watch,
 and Secrets are never listed or watched.
