@@ -34,9 +34,10 @@ def holder(api_client, namespace) -> str | None:
 
 
 def images(api_client, namespace) -> set[str]:
-    items = client.AppsV1Api(api_client).list_namespaced_deployment(
-        namespace, label_selector="pdoperator.io/role in (prefill,decode)"
-    ).items  # the pools' images; the router runs its own
+    # The pools' images; the router runs its own.
+    apps = client.AppsV1Api(api_client)
+    pools = "pdoperator.io/role in (prefill,decode)"
+    items = apps.list_namespaced_deployment(namespace, label_selector=pools).items
     return {d.spec.template.spec.containers[0].image for d in items}
 
 
