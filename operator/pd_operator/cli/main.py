@@ -718,13 +718,21 @@ def _add_plan(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from pd_operator.sim.demo import DemoOptions, run_demo
+    from pd_operator.sim.demo import TRACE, DemoOptions, run_demo
 
-    # The table is the demo's output; the operator's and kopf's logs would scroll it away.
+    if args.load == "trace" and not TRACE.exists():
+        raise UsageError(
+            f"--load trace: {TRACE} is not there; --load slice replays the shipped part"
+        )
+    # The table is the demo's output; the operator's and kopf's logs would scroll it away (the
+    # demo writes them to operator.log in its output folder).
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.ERROR)
-    options = DemoOptions(duration_s=args.duration, load=args.load, plot=not args.no_plot)
-    if args.output:
-        options.output = Path(args.output)
+    options = DemoOptions(
+        duration_s=args.duration,
+        load=args.load,
+        plot=not args.no_plot,
+        output=Path(args.output) if args.output else None,
+    )
     return run_demo(options)
 
 
@@ -732,17 +740,24 @@ def _add_demo(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -
     demo = commands.add_parser(
         "demo",
         help="the closed loop on one machine: control plane, Prometheus, simulated S5000/H200 "
-        "cluster, operator, a load with a surge, a live table",
+        "cluster with engine and router processes, operator, a load with a prefill surge and a "
+        "decode step sent through the endpoint, a live table",
     )
     demo.add_argument("--duration", type=positive, default=180.0, help="wall seconds of load")
     demo.add_argument(
         "--load",
-        choices=("auto", "trace", "synthetic"),
+        choices=("auto", "trace", "slice", "synthetic"),
         default="auto",
-        help="auto: the Mooncake conversation trace if ../shared/traces has it, else synthetic",
+        help="trace: the Mooncake conversation trace in ../shared/traces; slice: its first 300 "
+        "requests, shipped in data/traces; auto: the trace if it is there, else the slice; "
+        "synthetic: Poisson arrivals of 6,000-token prompts",
     )
-    demo.add_argument("--no-plot", action="store_true", help="write the CSV only, no PNG")
-    demo.add_argument("--output", help="folder for demo.csv, demo.png, summary.txt")
+    demo.add_argument("--no-plot", action="store_true", help="no demo.png")
+    demo.add_argument(
+        "--output",
+        help="folder for the summary, table, requests, decisions, logs and plot "
+        "(default: a new pd-demo-YYYYmmdd-HHMMSS in the temporary folder)",
+    )
     demo.add_argument("-v", "--verbose", action="store_true")
     demo.set_defaults(handler=_demo)
 
