@@ -62,9 +62,21 @@ ensure_prometheus() {
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     log "installing Debian's prometheus package"
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
-    # The package starts a system service; tests start their own Prometheus on ephemeral ports.
-    (systemctl disable --now prometheus || service prometheus stop || pkill -x prometheus) >/dev/null 2>&1 || true
+    # The package would start a system service; tests start their own Prometheus on ephemeral
+    # ports. Debian's policy-rc.d (exit 101: "action forbidden") keeps the service from starting
+    # at all, so nothing has to be stopped afterwards (and no other Prometheus is touched).
+    local policy=/usr/sbin/policy-rc.d made_policy=""
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2 || {
+      [ -n "$made_policy" ] && rm -f "$policy"; return 1; }
+    [ -n "$made_policy" ] && rm -f "$policy"
+    # Without systemd (containers, CI) the package's service is started by nothing else; with
+    # it, keep it from starting at boot.
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      systemctl disable prometheus >/dev/null 2>&1 || true
+    fi
   else
     log "prometheus not found: run 'sudo apt-get install prometheus' (Debian/Ubuntu) or put prometheus and promtool on PATH"
     return 1
