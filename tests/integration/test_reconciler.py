@@ -402,6 +402,29 @@ def test_image_that_cannot_be_pulled_stalls(operator, api_client, namespace):
     assert json.dumps(obj["status"]).count("ImagePullBackOff") >= 1
 
 
+def test_a_pool_whose_pods_cannot_be_created_stalls_with_the_controllers_words(
+    operator, api_client, namespace
+):
+    # The ReplicaSet cannot create a pod naming a ServiceAccount that does not exist: the
+    # Deployment reports ReplicaFailure, which the PDDeployment must show, per pool.
+    body = copy.deepcopy(HETERO)
+    pool = body["spec"]["decode"]["pools"][0]
+    pool["template"] = {**pool.get("template", {}), "serviceAccountName": "nobody"}
+    create_pdd(api_client, namespace, body)
+    obj = wait_for(
+        lambda: (
+            condition(o := get_pdd(api_client, namespace, "glm-hetero"), "Stalled").get("reason")
+            == "ReplicaFailure"
+            and o
+        ),
+        timeout=60,
+        what="Stalled=True with ReplicaFailure",
+    )
+    message = condition(obj, "Stalled")["message"]
+    assert message.startswith("decode pool h200: ") and "nobody" in message, message
+    assert condition(obj, "Ready")["status"] == "False"
+
+
 def evict(api_client, namespace, pod: str) -> int:
     """Ask to evict a pod, as `kubectl drain` does; the HTTP status of the answer."""
     body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))

@@ -19,6 +19,9 @@ ROLLING_OUT = "RollingOut"
 APPLY_REJECTED = "ApplyRejected"
 NO_NODE_FITS = "NoNodeFits"
 IMAGE_UNAVAILABLE = "ImageUnavailable"
+# A Deployment's ReplicaSet cannot create pods (a missing ServiceAccount or PriorityClass, a
+# Pod Security rejection, a quota): its ReplicaFailure condition, per pool.
+REPLICA_FAILURE = "ReplicaFailure"
 INVALID_SPEC = "InvalidSpec"
 UNSCHEDULABLE = "Unschedulable"
 ALL_SCHEDULED = "AllScheduled"

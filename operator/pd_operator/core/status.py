@@ -101,6 +101,25 @@ def _router_status(
     }
 
 
+def _pool_problems(
+    where: str, pods: Sequence[PodSummary], observed: Mapping[str, Any]
+) -> list[Problem]:
+    """What stops a pool's pods: an image that cannot be pulled, or a Deployment whose
+    ReplicaSet cannot create pods at all (its ReplicaFailure condition, e.g. a missing
+    ServiceAccount or PriorityClass, or a Pod Security rejection)."""
+    problems = []
+    images = sorted({p.image_problem for p in pods if p.image_problem})
+    if images:
+        problems.append(
+            Problem(reasons.IMAGE_UNAVAILABLE, f"{where}: image cannot be pulled ({images[0]})")
+        )
+    for condition in observed.get("conditions") or []:
+        if condition.get("type") == "ReplicaFailure" and condition.get("status") == "True":
+            message = condition.get("message") or condition.get("reason") or "ReplicaFailure"
+            problems.append(Problem(reasons.REPLICA_FAILURE, f"{where}: {message}"))
+    return problems
+
+
 def _router_waiting(router: Mapping[str, int] | None) -> list[str]:
     if router is None or router["readyReplicas"] >= router["desiredReplicas"]:
         return []
@@ -137,14 +156,7 @@ def compute_status(
             p for p in pods if p.role == role and p.pool == pool.name and not p.terminating
         ]
         unschedulable = sum(p.unschedulable for p in pool_pods)
-        image_problems = sorted({p.image_problem for p in pool_pods if p.image_problem})
-        if image_problems:
-            problems.append(
-                Problem(
-                    reasons.IMAGE_UNAVAILABLE,
-                    f"{role} pool {pool.name}: image cannot be pulled ({image_problems[0]})",
-                )
-            )
+        problems += _pool_problems(f"{role} pool {pool.name}", pool_pods, observed)
         ready = observed.get("readyReplicas", 0)
         pools.append(
             {
