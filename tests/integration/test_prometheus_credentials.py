@@ -20,6 +20,7 @@ from kubernetes import client
 
 from fakeengine import FakeEngine
 from kubetools import RunningOperator, condition, create_pdd, get_pdd, wait_for
+from pd_operator.adapters.credentials import OPT_IN_LABEL
 from pd_operator.localcluster.pki import CertificateAuthority
 from pdcases import ROOT, load_sample
 
@@ -118,10 +119,14 @@ def engines(prometheus, namespace):
         engine.close()
 
 
-def create_secret(api_client, namespace: str, name: str, data: dict[str, bytes]) -> None:
+def create_secret(
+    api_client, namespace: str, name: str, data: dict[str, bytes], *, opt_in: bool = True
+) -> None:
     encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
+    labels = {OPT_IN_LABEL: "true"} if opt_in else {}
     client.CoreV1Api(api_client).create_namespaced_secret(
-        namespace, {"metadata": {"name": name}, "type": "Opaque", "data": encoded}
+        namespace,
+        {"metadata": {"name": name, "labels": labels}, "type": "Opaque", "data": encoded},
     )
 
 
@@ -219,3 +224,32 @@ def test_a_wrong_key_or_ca_makes_metrics_unavailable_and_says_which_field(
     )
     assert "CERTIFICATE_VERIFY_FAILED" in wrong_ca["message"]
     assert proxy.seen["denied"] == denied_before
+
+
+def test_a_secret_that_does_not_opt_in_is_never_read_nor_sent(
+    operator, api_client, namespace, proxy, pki
+):
+    # A user who may create PDDeployments names a Secret of the namespace that was not made for
+    # Prometheus (here: no opt-in label): the operator must not send it anywhere, nor list its
+    # keys in status.
+    ca, _, _ = pki
+    create_secret(
+        api_client,
+        namespace,
+        "prom-auth",
+        {"token": TOKEN.encode(), "ca.crt": ca.cert_path.read_bytes(), "password": b"hunter2"},
+        opt_in=False,
+    )
+    seen_before = dict(proxy.seen)
+    create_pdd(api_client, namespace, pdd_body("not-opted-in", proxy.url, token_key="bearer"))
+    refused = wait_for(
+        lambda: (
+            (c := metrics_available(api_client, namespace, "not-opted-in")).get("status") == "False"
+            and c
+        ),
+        timeout=40,
+        what="MetricsAvailable=False for a Secret without the opt-in label",
+    )
+    assert f"is not labelled {OPT_IN_LABEL}=true" in refused["message"]
+    assert "password" not in str(get_pdd(api_client, namespace, "not-opted-in")["status"])
+    assert proxy.seen == seen_before  # nothing reached the URL, with or without the token

@@ -1,7 +1,8 @@
 """Prometheus credentials: a bearer token and a CA bundle, from Secrets or from files.
 
 `spec.scaling.prometheus.{bearerTokenSecretRef,caSecretRef}` name a key of a Secret in the
-PDDeployment's namespace. Secrets are read with a GET each (no list or watch: the operator's
+PDDeployment's namespace, and only one labelled `pdoperator.io/prometheus-credentials: "true"`
+is used. Secrets are read with a GET each (no list or watch: the operator's
 RBAC has `get` on secrets only) and cached for a short TTL, so a cycle costs no API call per
 object and a rotated Secret is picked up within the TTL. Every problem becomes a
 `CredentialsError` whose message names the field and the fix; the autoscaler turns it into
@@ -30,6 +31,9 @@ from kubernetes.client.exceptions import ApiException
 from pd_operator.adapters.prometheus import PrometheusReader
 from pd_operator.api.spec import SecretKeyRef
 
+# A Secret a PDDeployment may name must say so: a user who may create PDDeployments must not
+# make the operator read any Secret of the namespace and send it to a URL of their choice.
+OPT_IN_LABEL = "pdoperator.io/prometheus-credentials"
 SECRET_TTL_SECONDS = 60.0
 # A failed read is retried sooner than a good one is refreshed: a Secret created (or RBAC
 # granted) after the PDDeployment shows up within this long.
@@ -81,6 +85,14 @@ def kube_secret_fetch(api_client: client.ApiClient) -> SecretFetch:
             ) from None
         except urllib3.exceptions.HTTPError as error:
             raise SecretReadError(f"reading {where} failed: {error}", lasting=False) from None
+        labels = (secret.metadata.labels if secret.metadata else None) or {}
+        if labels.get(OPT_IN_LABEL) != "true":
+            raise SecretReadError(
+                f"{where} is not labelled {OPT_IN_LABEL}=true, so it is not used: label it to "
+                f"let PDDeployments send it to their Prometheus (kubectl label secret -n "
+                f"{namespace} {name} {OPT_IN_LABEL}=true)",
+                lasting=True,
+            )
         return {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
 
     return fetch
@@ -159,9 +171,8 @@ def _secret_value(
         data = secrets.get(namespace, ref.name)
     except SecretReadError as error:
         raise CredentialsError(f"{spec_field}: {error}") from None
-    if ref.key not in data:
-        keys = ", ".join(sorted(data)) or "none"
-        raise CredentialsError(f"{spec_field}: {where} has no key '{ref.key}' (its keys: {keys})")
+    if ref.key not in data:  # the Secret's other key names are not ours to print
+        raise CredentialsError(f"{spec_field}: {where} has no key '{ref.key}'")
     return data[ref.key]
 
 
