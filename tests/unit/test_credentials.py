@@ -18,6 +18,7 @@ from pd_operator.adapters.credentials import (
     SecretCache,
     SecretReadError,
     secret_credentials,
+    spec_url_problem,
 )
 from pd_operator.adapters.prometheus import ReadReport
 from pd_operator.api.spec import SecretKeyRef
@@ -371,3 +372,36 @@ def test_replaced_credentials_and_deleted_objects_drop_their_reader_and_ca_file(
     world.autoscaler.cycle()
     assert not Path(world.built[1].ca_path).exists()
     assert world.autoscaler.readers.ca_paths() == []
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", True),  # AWS, Azure, GCP, ...
+        ("http://[fe80::1]:9090", True),
+        ("http://metadata.google.internal/computeMetadata/v1/", True),
+        ("http://[fd00:ec2::254]/", True),
+        ("http://100.100.100.200/", True),  # Alibaba Cloud
+        ("http://prometheus-operated.monitoring:9090", False),
+        ("https://10.0.0.5:9091", False),
+        ("http://127.0.0.1:9090", False),
+    ],
+)
+def test_a_spec_may_not_point_the_operator_at_a_metadata_service(url, refused):
+    problem = spec_url_problem(url)
+    assert (problem is not None) is refused
+    if refused:
+        assert problem.startswith("spec.scaling.prometheus.url: ")
+        assert "--allow-link-local-prometheus" in problem
+    assert spec_url_problem(url, allow_link_local=True) is None
+
+
+def test_a_metadata_url_makes_metrics_unavailable_and_is_never_called(fake, clock, worlds):
+    world = worlds(fake, clock)
+    world.add(pdd("metadata", {"url": "http://169.254.169.254:80"}))
+    world.add(pdd("fine", {"url": "https://p:9091"}))
+    world.autoscaler.cycle()
+    refused = world.metrics_condition("metadata")
+    assert refused.status is False
+    assert "link-local or cloud metadata address" in refused.message
+    assert [r.url for r in world.built] == ["https://p:9091"]

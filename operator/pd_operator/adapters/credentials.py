@@ -15,10 +15,12 @@ private temporary file for `requests`, removed when no object uses that reader a
 
 import base64
 import contextlib
+import ipaddress
 import os
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +163,34 @@ class Credentials:
 
 
 NO_CREDENTIALS = Credentials()
+
+
+# Where a URL from a spec must not point: link-local addresses (a node's instance metadata
+# service, 169.254.169.254, hands out cloud credentials) and the clouds' metadata names.
+LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+METADATA_HOSTS = frozenset(
+    {"metadata.google.internal", "metadata.goog", "fd00:ec2::254", "100.100.100.200"}
+)
+
+
+def spec_url_problem(url: str, *, allow_link_local: bool = False) -> str | None:
+    """Why a PDDeployment may not send requests to `url`, or None. A user who may create
+    PDDeployments chooses the URL, and the operator's network position must not lend them
+    access to a node's metadata service (`--allow-link-local-prometheus` lifts this)."""
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if allow_link_local:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if host in METADATA_HOSTS or (address is not None and any(address in n for n in LINK_LOCAL)):
+        return (
+            f"spec.scaling.prometheus.url: {host} is a link-local or cloud metadata address, "
+            "which PDDeployments may not make the operator call; use Prometheus' Service "
+            "address (or start the operator with --allow-link-local-prometheus)"
+        )
+    return None
 
 
 def _secret_value(

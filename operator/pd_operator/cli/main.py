@@ -69,6 +69,7 @@ def _run(args: argparse.Namespace) -> int:
         prometheus_url=args.prometheus_url,
         prometheus_bearer_token_file=args.prometheus_bearer_token_file,
         prometheus_ca_file=args.prometheus_ca_file,
+        allow_link_local_prometheus=args.allow_link_local_prometheus,
         autoscale=not args.no_autoscale,
         count_other_pods=not args.ignore_other_pods,
         lease_namespace=_lease_namespace(args),
@@ -805,6 +806,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--prometheus-ca-file", help="PEM CA bundle that signs --prometheus-url's certificate"
+    )
+    run.add_argument(
+        "--allow-link-local-prometheus",
+        action="store_true",
+        help="let spec.scaling.prometheus.url be a link-local or cloud metadata address "
+        "(refused by default: the user who writes the spec chooses where the operator calls)",
     )
     run.add_argument("--no-autoscale", action="store_true", help="reconcile only, never scale")
     run.add_argument(

@@ -29,6 +29,7 @@ from pd_operator.adapters.credentials import (
     ReaderKey,
     SecretCache,
     secret_credentials,
+    spec_url_problem,
 )
 from pd_operator.adapters.prometheus import (
     NO_SERIES,
@@ -106,6 +107,7 @@ class Autoscaler:
         default_prometheus_url: str | None = None,
         default_credentials: FileCredentials | None = None,
         secrets: SecretCache | None = None,
+        allow_link_local: bool = False,
         readers: ReaderFactory = PrometheusReader,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -114,6 +116,7 @@ class Autoscaler:
         self.default_prometheus_url = default_prometheus_url
         self.default_credentials = default_credentials  # for the default URL only
         self.secrets = secrets  # None: Secrets are not read, a reference makes metrics unavailable
+        self.allow_link_local = allow_link_local  # for URLs from specs
         self.readers = PrometheusReaders(readers)
         self.clock = clock
         self._lock = threading.Lock()
@@ -180,6 +183,9 @@ class Autoscaler:
             if url is None or self.default_credentials is None:
                 return url, NO_CREDENTIALS
             return url, self.default_credentials.current()
+        problem = spec_url_problem(prometheus.url, allow_link_local=self.allow_link_local)
+        if problem:
+            raise CredentialsError(problem)
         token_ref, ca_ref = prometheus.bearer_token_secret_ref, prometheus.ca_secret_ref
         if token_ref is None and ca_ref is None:
             return prometheus.url, NO_CREDENTIALS

@@ -73,6 +73,8 @@ class OperatorConfig:
     # The operator's credentials for prometheus_url (never sent to a URL from a spec).
     prometheus_bearer_token_file: str | None = None
     prometheus_ca_file: str | None = None
+    # Let URLs from specs be link-local or cloud metadata addresses (off: see credentials.py).
+    allow_link_local_prometheus: bool = False
     # How long a Secret named by spec.scaling.prometheus is used before it is read again.
     secret_ttl_seconds: float = SECRET_TTL_SECONDS
     autoscale: bool = True
@@ -113,6 +115,7 @@ class OperatorState:
             secrets=SecretCache(
                 kube_secret_fetch(api_client), ttl_seconds=config.secret_ttl_seconds
             ),
+            allow_link_local=config.allow_link_local_prometheus,
         )
         self.reconciler = Reconciler(
             self.cache,
