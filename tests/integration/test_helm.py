@@ -409,7 +409,13 @@ def test_owner_reference_enforcement_admits_what_the_charts_rights_write(
                 lambda: len(client.AppsV1Api(api).list_namespaced_deployment(namespace).items) == 3,
                 what="the pools' and the router's Deployments under owner-reference enforcement",
             )
-            obj = get_pdd(api, namespace, "glm-hetero")
+            obj = wait_for(
+                lambda: (
+                    (o := get_pdd(api, namespace, "glm-hetero")).get("status", {}).get("conditions")
+                    and o
+                ),
+                what="a first status",
+            )
             assert condition(obj, "Stalled")["status"] == "False", obj["status"]
         finally:
             operator.stop()
