@@ -11,7 +11,7 @@ import tomllib
 
 import yaml
 
-from dockerfiles import instructions
+from dockerfiles import build_stages, instructions
 from pdcases import ROOT
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -28,16 +28,6 @@ def build_args() -> dict[str, str]:
             name, _, default = rest.partition("=")
             args[name] = default
     return args
-
-
-def stages() -> list[list[tuple[str, str]]]:
-    result: list[list[tuple[str, str]]] = []
-    for keyword, rest in INSTRUCTIONS:
-        if keyword == "FROM":
-            result.append([])
-        if result:
-            result[-1].append((keyword, rest))
-    return result
 
 
 def base_images() -> list[str]:
@@ -63,7 +53,7 @@ def test_multi_stage_build_on_a_pinned_python_311_slim_image():
 
 
 def test_final_stage_runs_the_operator_module_as_a_non_root_numeric_user():
-    final = stages()[-1]
+    final = build_stages(INSTRUCTIONS)[-1]
     users = [rest for keyword, rest in final if keyword == "USER"]
     assert users, "the final stage sets no USER: the operator would run as root"
     uid, _, gid = users[-1].partition(":")
@@ -83,7 +73,10 @@ def test_final_stage_runs_the_operator_module_as_a_non_root_numeric_user():
 def test_image_exposes_the_charts_default_ports():
     values = yaml.safe_load((ROOT / "charts" / "pd-operator" / "values.yaml").read_text())
     exposed = {
-        int(port) for keyword, rest in stages()[-1] if keyword == "EXPOSE" for port in rest.split()
+        int(port)
+        for keyword, rest in build_stages(INSTRUCTIONS)[-1]
+        if keyword == "EXPOSE"
+        for port in rest.split()
     }
     assert exposed == set(values["ports"].values())
 

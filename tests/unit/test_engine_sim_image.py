@@ -28,7 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from dockerfiles import instructions
+from dockerfiles import build_stages, instructions
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.children import build_deployment
 from pd_operator.core.drain import SCRIPT as DRAIN_SCRIPT
@@ -62,18 +62,8 @@ SIM_ENV = {"PD_SIM_HARDWARE": "h200", "PD_SIM_MODEL": "glm-4.5-fp8", "PD_SIM_LOA
 INSTRUCTIONS = instructions(DOCKERFILE)
 
 
-def stages() -> list[list[tuple[str, str]]]:
-    result: list[list[tuple[str, str]]] = []
-    for keyword, rest in INSTRUCTIONS:
-        if keyword == "FROM":
-            result.append([])
-        if result:
-            result[-1].append((keyword, rest))
-    return result
-
-
 def final(keyword: str) -> list[str]:
-    return [rest for k, rest in stages()[-1] if k == keyword]
+    return [rest for k, rest in build_stages(INSTRUCTIONS)[-1] if k == keyword]
 
 
 def final_path() -> list[str]:
@@ -109,7 +99,7 @@ def test_multi_stage_build_installs_the_projects_wheel_on_python_311_slim():
         name, _, tag = image.partition(":")
         assert name in ("python", "docker.io/library/python"), image
         assert tag.startswith("3.11") and "slim" in tag and "latest" not in tag, image
-    build = " ".join(rest for k, rest in stages()[0] if k == "RUN")
+    build = " ".join(rest for k, rest in build_stages(INSTRUCTIONS)[0] if k == "RUN")
     assert "pip wheel" in build
     # The project's own wheel, no extra (no "[...]"), with the pinned dependencies.
     assert re.search(r"pip install --constraint \S+ /wheels/pd_operator-\*\.whl(\s|$)", build)
