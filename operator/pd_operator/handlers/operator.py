@@ -40,15 +40,15 @@ logger = logging.getLogger(__name__)
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-# The kinds of children: (API group, version, plural, kind), watched by our label only.
-CHILD_RESOURCES: tuple[tuple[str, str, str, str], ...] = (
-    ("apps", "v1", "deployments", "Deployment"),
-    ("", "v1", "services", "Service"),
-    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
-    ("", "v1", "serviceaccounts", "ServiceAccount"),
-    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    ("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler"),
+# The kinds of children: (API group, version, plural), watched by our label only.
+CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
 )
 MAX_BACKOFF_SECONDS = 60.0
 # One namespace's (or the cluster's) children of every kind, then its pods.
@@ -178,7 +178,7 @@ class OperatorState:
         for namespace in self.config.namespaces or [""]:
             children = [
                 child
-                for group, version, plural, _ in CHILD_RESOURCES
+                for group, version, plural in CHILD_RESOURCES
                 for child in self._list(
                     f"{group}/{version}" if group else version, plural, namespace, MANAGED_SELECTOR
                 )
@@ -299,7 +299,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if state.config.peering_name:
             settings.peering.name = state.config.peering_name
             settings.peering.mandatory = True
-        ours_only = [(group, plural) for group, _, plural, _ in CHILD_RESOURCES]
+        ours_only = [(group, plural) for group, _, plural in CHILD_RESOURCES]
         if not state.config.count_other_pods:
             ours_only.append(("", "pods"))
         for resource in ours_only:
@@ -339,7 +339,7 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
         if owner:
             state.queue.add(owner)
 
-    for group, version, plural, _ in CHILD_RESOURCES:
+    for group, version, plural in CHILD_RESOURCES:
         kopf.on.event(group, version, plural, registry=registry, labels={
             "app.kubernetes.io/managed-by": MANAGED_BY
         })(child_event)  # fmt: skip
