@@ -29,7 +29,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,6 @@ class PodProcess:
     ip: str
     popen: subprocess.Popen[bytes]
     probe_url: str | None
-    log_path: Path
-    files: list[Path] = field(default_factory=list)
 
     def alive(self) -> bool:
         """The process has not exited."""
@@ -168,8 +166,6 @@ class PodProcesses:
         server: str,
         ca_file: str | None,
         request_token: Callable[[str, str], str],
-        commands: Mapping[tuple[str, ...], Runner] | None = None,
-        extra_env: Mapping[str, str] | None = None,
         sd_file: Path | None = None,
     ) -> None:
         """`request_token(namespace, service_account)` returns a bound token (TokenRequest);
@@ -181,8 +177,6 @@ class PodProcesses:
         self.server = server
         self.ca_file = ca_file
         self.request_token = request_token
-        self.commands = dict(commands or DEFAULT_COMMANDS)
-        self.extra_env = dict(extra_env or {})
         # A random start: several clusters (parallel test runs, a demo beside them) share the
         # range, and 4 million addresses make a clash between their pods unlikely.
         self._addresses = itertools.count(1 + secrets.randbelow(POD_LOOPBACK.num_addresses // 2))
@@ -192,7 +186,7 @@ class PodProcesses:
 
     def _runner(self, argv: Sequence[str]) -> Runner | None:
         return next(
-            (run for start, run in self.commands.items() if tuple(argv[: len(start)]) == start),
+            (run for start, run in DEFAULT_COMMANDS.items() if tuple(argv[: len(start)]) == start),
             None,
         )
 
@@ -255,7 +249,7 @@ class PodProcesses:
         self.stop(uid)
         folder = self.workdir / f"{pod['metadata']['namespace']}_{pod['metadata']['name']}"
         folder.mkdir(parents=True, exist_ok=True)
-        variables = {**container_env(pod, container, ip), **self.extra_env, **env}
+        variables = {**container_env(pod, container, ip), **env}
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
         argv = [expand(word, variables) for word in argv]
         runner = self._runner(argv)
@@ -275,7 +269,7 @@ class PodProcesses:
                 env=process_env,
                 start_new_session=True,  # a signal to the test run must not reach it directly
             )
-        process = PodProcess(uid, ip, popen, _probe_url(container, ip), log_path)
+        process = PodProcess(uid, ip, popen, _probe_url(container, ip))
         with self._lock:
             self.running[uid] = process
         log.info("pod %s: started %s on %s", pod["metadata"]["name"], argv[0], ip)
