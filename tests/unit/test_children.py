@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pd_operator.api import PDDeployment, parse_pddeployment
@@ -19,6 +19,7 @@ from pd_operator.core.children import (
 from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import engine_command, engine_env
 from pd_operator.core.naming import deployment_name, service_name
+from pd_operator.core.router import router_children
 from pdcases import ROOT, SAMPLES, load_sample, minimal
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -716,3 +717,61 @@ def test_child_names_are_valid_and_unique_for_any_admitted_names(pdd_name, prefi
     assert all(DNS_1035_LABEL.match(name) for name in services(children))
     for child in children:
         assert all(len(value) <= 63 for value in child["metadata"]["labels"].values())
+
+
+# Words that make '-'-joined names ambiguous, so that collisions are likely if any can happen.
+NAME_WORDS = st.sampled_from(["a", "b", "1a", "pd", "prefill", "decode", "router", "x", "9"])
+
+
+def _joined(words: list[str]) -> str:
+    return "-".join(words)
+
+
+CLASHY_PDD_NAMES = st.lists(NAME_WORDS, min_size=1, max_size=4).map(_joined)
+CLASHY_POOL_LISTS = st.lists(
+    st.lists(NAME_WORDS, min_size=1, max_size=3).map(_joined), min_size=1, max_size=3, unique=True
+)
+
+
+def every_child(pdd_name: str, prefill: list[str], decode: list[str]) -> set[tuple[str, str]]:
+    """(kind, name) of every child, router included, of a PDDeployment in one namespace."""
+    document = minimal()
+    document["metadata"]["name"] = pdd_name
+    document["spec"].update(prefill=pools(prefill), decode=pools(decode))
+    pdd = with_identity(document)
+    built = [*desired_children(pdd, {}), *router_children(pdd)]
+    return {(child["kind"], child["metadata"]["name"]) for child in built}
+
+
+@settings(max_examples=400)
+@given(
+    first=st.tuples(CLASHY_PDD_NAMES, CLASHY_POOL_LISTS, CLASHY_POOL_LISTS),
+    second=st.tuples(CLASHY_PDD_NAMES, CLASHY_POOL_LISTS, CLASHY_POOL_LISTS),
+)
+def test_two_pddeployments_in_one_namespace_never_ask_for_one_child_name(first, second):
+    assume(first[0] != second[0])
+    shared = every_child(*first) & every_child(*second)
+    assert not shared, f"{first} and {second} both want {sorted(shared)}"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        # The issue's cases: each pair asked for the same Service or Deployment before.
+        (("1a", ["p"], ["d"]), ("pd-1a", ["p"], ["d"])),
+        (("a", ["prefill-x"], ["d"]), ("a-prefill", ["x"], ["d"])),
+        (("a", ["p"], ["d"]), ("a-prefill", ["p"], ["d"])),
+    ],
+)
+def test_names_that_read_two_ways_get_a_hash_and_never_clash(first, second):
+    assert not every_child(*first) & every_child(*second)
+    # The PDDeployment whose name reads one way keeps the readable names users know.
+    assert ("Deployment", f"{first[0]}-prefill-{first[1][0]}") in every_child(*first)
+
+
+def test_readable_names_are_kept_for_names_without_suffix_words():
+    assert deployment_name("llama", "prefill", "s5000") == "llama-prefill-s5000"
+    assert service_name("llama", "decode") == "llama-decode"
+    assert deployment_name("pd-demo", "decode", "h200") == "pd-demo-decode-h200"
+    hashed = deployment_name("llama-decode", "prefill", "s5000")
+    assert hashed.startswith("llama-decode-prefill-s5000-") and len(hashed) == 35

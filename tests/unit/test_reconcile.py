@@ -137,6 +137,48 @@ def test_removed_pool_deletes_exactly_its_deployment_and_disruption_budget():
     assert plan.apply == []
 
 
+def _set_ready(children: dict, name: str, ready: int) -> None:
+    children[("apps/v1", "Deployment", name)]["status"] = {"readyReplicas": ready}
+
+
+def _renamed_prefill(new_name: str):
+    document = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+    document["metadata"].update(namespace="ns", uid="uid-1", generation=1)
+    document["spec"]["prefill"]["pools"][0]["name"] = new_name
+    return parse_pddeployment(document)
+
+
+def test_renamed_pool_keeps_the_old_one_until_the_new_one_exists_and_is_ready():
+    children = applied(plan_children(hetero(), {}, []))
+    old = "glm-hetero-prefill-s5000"
+    _set_ready(children, old, 2)
+    renamed = _renamed_prefill("s5000-v2")
+    # The new Deployment is not applied yet (or the apiserver refused it): nothing goes.
+    first = plan_children(renamed, children, [])
+    assert first.delete == []
+    assert ("Deployment", "glm-hetero-prefill-s5000-v2") in [
+        (m["kind"], m["metadata"]["name"]) for m in first.apply
+    ]
+    # Applied but not Ready while the old one serves: still nothing goes.
+    children.update(applied(first))
+    _set_ready(children, "glm-hetero-prefill-s5000-v2", 0)
+    assert plan_children(renamed, children, []).delete == []
+    # Ready: the old pool's Deployment and budget go, and nothing else.
+    _set_ready(children, "glm-hetero-prefill-s5000-v2", 1)
+    assert sorted((r.kind, r.name) for r in plan_children(renamed, children, []).delete) == [
+        ("Deployment", old),
+        ("PodDisruptionBudget", old),
+    ]
+
+
+def test_renamed_pool_that_serves_nothing_goes_once_its_replacement_exists():
+    children = applied(plan_children(hetero(), {}, []))
+    renamed = _renamed_prefill("s5000-v2")
+    children.update(applied(plan_children(renamed, children, [])))
+    deleted = {r.name for r in plan_children(renamed, children, []).delete}
+    assert deleted == {"glm-hetero-prefill-s5000"}
+
+
 def test_disabling_the_disruption_budget_deletes_only_the_budgets():
     spill = load_sample(ROOT / "config" / "samples" / "multipool-spillover.yaml")
     spill["metadata"].update(namespace="ns", uid="u", generation=1)

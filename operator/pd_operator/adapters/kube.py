@@ -124,21 +124,83 @@ class KubeWriter:
     ) -> dict[str, Any]:
         return call_json(self.api_client, method, path, body, content_type, query=query)
 
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply a complete manifest that we own, taking back conflicting fields."""
+    def apply(self, manifest: Mapping[str, Any], uid: str) -> dict[str, Any]:
+        """Server-side apply a complete manifest over the object `uid`, which we own, taking back
+        conflicting fields. The uid is a precondition: an object deleted since (409) or
+        replaced by another of the same name (422 on metadata.uid) is never written."""
         meta = manifest["metadata"]
         path = object_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
         )
+        body = {**manifest, "metadata": {**meta, "uid": uid}}
         result = self._call(
             "PATCH",
             path,
-            dict(manifest),
+            body,
             "application/apply-patch+yaml",
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
         metrics.API_WRITES.labels(verb="apply", kind=manifest["kind"]).inc()
         return result
+
+    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a child that must not exist yet (409 AlreadyExists if it does: an apply would
+        take the other object over). Unknown fields are refused as an apply refuses them.
+
+        A create records its fields under an Update manager, which a later apply could never
+        remove; the second write turns that entry into our Apply entry, so the object is
+        exactly as if it had been applied."""
+        meta = manifest["metadata"]
+        collection = object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
+        created = self._call(
+            "POST",
+            collection,
+            dict(manifest),
+            "application/json",
+            [("fieldManager", FIELD_MANAGER), ("fieldValidation", "Strict")],
+        )
+        metrics.API_WRITES.labels(verb="create", kind=manifest["kind"]).inc()
+        return self._own_as_applier(created, f"{collection}/{meta['name']}")
+
+    def _own_as_applier(self, created: dict[str, Any], path: str) -> dict[str, Any]:
+        entries = created["metadata"].get("managedFields") or []
+        ours = [
+            index
+            for index, entry in enumerate(entries)
+            if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Update"
+        ]
+        if not ours:
+            return created
+        index = ours[0]
+        at = f"/metadata/managedFields/{index}"
+        patch = [
+            {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
+            {"op": "test", "path": f"{at}/operation", "value": "Update"},
+            {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
+        ]
+        try:
+            result = self._call("PATCH", path, patch, "application/json-patch+json")
+        except ApiException as error:
+            # Another writer reordered the entries first: the next apply still converges the
+            # fields; only a field later dropped from the spec would linger.
+            if error.status not in (404, 409, 422):
+                raise
+            return created
+        metrics.API_WRITES.labels(verb="patch", kind=created.get("kind", "")).inc()
+        return result
+
+    def find(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object of that name, or None: a list by name, as the operator may list but not
+        get its kinds. A read; counts no write."""
+        listed = self._call(
+            "GET",
+            object_path(api_version, kind, namespace),
+            None,
+            "application/json",
+            [("fieldSelector", f"metadata.name={name}")],
+        )
+        items = listed.get("items") or []
+        return {**items[0], "apiVersion": api_version, "kind": kind} if items else None
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> None:
         """Delete one object, only if it is still the one we saw (uid precondition)."""

@@ -18,6 +18,8 @@ PODS_NOT_READY = "PodsNotReady"
 ROLLING_OUT = "RollingOut"
 APPLY_REJECTED = "ApplyRejected"
 NO_NODE_FITS = "NoNodeFits"
+# A child's name is taken by an object this PDDeployment does not own.
+NAME_CONFLICT = "NameConflict"
 IMAGE_UNAVAILABLE = "ImageUnavailable"
 # A Deployment's ReplicaSet cannot create pods (a missing ServiceAccount or PriorityClass, a
 # Pod Security rejection, a quota): its ReplicaFailure condition, per pool.

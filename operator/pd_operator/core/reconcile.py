@@ -153,6 +153,46 @@ def _annotate(manifest: Manifest, annotations: Mapping[str, str]) -> Manifest:
     return {**manifest, "metadata": metadata}
 
 
+def _role(obj: Mapping[str, Any]) -> str | None:
+    return (obj["metadata"].get("labels") or {}).get(LABEL_ROLE)
+
+
+def _ready_replicas(obj: Mapping[str, Any]) -> int:
+    return int((obj.get("status") or {}).get("readyReplicas") or 0)
+
+
+def kept_until_replaced(
+    children: Mapping[ChildKey, Mapping[str, Any]], wanted: Mapping[ChildKey, Manifest]
+) -> set[str]:
+    """Names of workloads gone from the spec that stay (with their budget, account and
+    autoscaler of the same name) until their role's replacement can take over.
+
+    A renamed or removed pool goes only once every Deployment of its role exists (a rejected
+    or unplaceable one never does), and, while it still has Ready replicas, once one of them
+    has Ready replicas too (unless the role is meant to have none): a role is never left
+    without a workload by a spec change.
+    """
+    kept: set[str] = set()
+    for key, actual in children.items():
+        if key[1] != "Deployment" or key in wanted:
+            continue
+        successors = [
+            k
+            for k, manifest in wanted.items()
+            if k[1] == "Deployment" and _role(manifest) == _role(actual)
+        ]
+        if not successors:
+            continue  # the role is gone (a router turned off): nothing takes over
+        if any(k not in children for k in successors):
+            kept.add(key[2])
+            continue
+        meant_to_serve = any(wanted[k]["spec"].get("replicas", 1) > 0 for k in successors)
+        serving = any(_ready_replicas(children[k]) > 0 for k in successors)
+        if _ready_replicas(actual) > 0 and meant_to_serve and not serving:
+            kept.add(key[2])
+    return kept
+
+
 def plan_children(
     pdd: PDDeployment,
     children: Mapping[ChildKey, Mapping[str, Any]],
@@ -168,9 +208,11 @@ def plan_children(
             plan.problems.append(Problem(reasons.NO_NODE_FITS, f"{role} pool {pool.name}: {why}"))
             blocked.add(deployment_name(pdd.metadata.name, role, pool.name))
     wanted: set[ChildKey] = set()
+    wanted_manifests: dict[ChildKey, Manifest] = {}
     for built in [*desired_children(pdd, plan.replicas), *router_children(pdd)]:
         key = child_key(built)
         wanted.add(key)
+        wanted_manifests[key] = built
         if key[1] == "Deployment" and key[2] in blocked:
             continue  # keep what runs; a new spec that cannot be placed is not rolled out
         extra = {ANNOTATION_SPEC_HASH: spec_hash(built)}
@@ -193,8 +235,9 @@ def plan_children(
                     f"{key[1]} {key[2]} was changed outside the operator; restored",
                 )
             )
+    kept = kept_until_replaced(children, wanted_manifests)
     for key, actual in children.items():
-        if key not in wanted:
+        if key not in wanted and key[2] not in kept:
             meta = actual["metadata"]
             plan.delete.append(ChildRef(key[0], key[1], key[2], meta.get("uid", "")))
             if key[1] == "Deployment":

@@ -27,7 +27,7 @@ from pd_operator.core.children import (
     template_pod_fields,
 )
 from pd_operator.core.engine_args import engine_port
-from pd_operator.core.naming import bounded_name, endpoint_service_name
+from pd_operator.core.naming import endpoint_service_name, router_name
 
 Manifest = dict[str, Any]
 
@@ -62,11 +62,6 @@ POLICY_ARGS: dict[RoutingPolicy, str] = {
     "ConsistentHash": "consistent_hash",
     "Random": "random",
 }
-
-
-def router_name(pdd_name: str) -> str:
-    """Name of the router's Deployment, ServiceAccount, Role, RoleBinding, PDB and HPA."""
-    return bounded_name(f"{pdd_name}-router")
 
 
 def router_labels(pdd_name: str) -> dict[str, str]:

@@ -11,10 +11,10 @@ from typing import Any
 from pd_operator.api import PDDeployment
 from pd_operator.core import reasons
 from pd_operator.core.children import ROLES, PoolKey
-from pd_operator.core.naming import deployment_name
+from pd_operator.core.naming import deployment_name, router_name
 from pd_operator.core.observe import PodSummary
 from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
-from pd_operator.core.router import endpoint_url, router_name
+from pd_operator.core.router import endpoint_url
 
 # Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
 FOREIGN_FIELDS = ("observed", "lastDecision", "policyMemory")

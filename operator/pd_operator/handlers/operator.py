@@ -9,6 +9,7 @@ and one reconcile path serves them all.
 
 import asyncio
 import logging
+import random
 import socket
 import time
 import uuid
@@ -58,6 +59,12 @@ RBAC_FIX = (
     "apply the RBAC of this operator's version: `helm upgrade` of its chart, or "
     "`kubectl apply -k config/default` (docs/install.md, 'What the operator may do')"
 )
+
+
+def retry_delay(failures: int) -> float:
+    """Exponential backoff with jitter: objects that failed together (an apiserver restart)
+    do not all retry in the same instant."""
+    return min(MAX_BACKOFF_SECONDS, 0.5 * 2.0**failures) * random.uniform(0.5, 1.0)
 
 
 @dataclass
@@ -202,10 +209,20 @@ class OperatorState:
             try:
                 await asyncio.to_thread(self.reconciler.reconcile, key)
                 self._failures.pop(key, None)
-            except Exception:
+            except Exception as error:
                 count = self._failures[key] = self._failures.get(key, 0) + 1
-                delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2**count)
-                logger.exception("reconcile of %s failed; retrying in %.1fs", key, delay)
+                delay = retry_delay(count)
+                if isinstance(error, ApiException):
+                    # The apiserver unavailable, a conflict, a timeout: one line, not a trace.
+                    logger.warning(
+                        "reconcile of %s/%s: %s %s; retrying in %.1fs",
+                        *key,
+                        error.status,
+                        api_message(error),
+                        delay,
+                    )
+                else:
+                    logger.exception("reconcile of %s/%s failed; retrying in %.1fs", *key, delay)
                 self.queue.add_after(key, delay)
             finally:
                 self.queue.done(key)

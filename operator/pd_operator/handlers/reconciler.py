@@ -17,7 +17,7 @@ from pd_operator.adapters.cache import ClusterCache, ObjectKey
 from pd_operator.adapters.kube import KubeWriter, api_message
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.core import reasons
-from pd_operator.core.children import PoolKey
+from pd_operator.core.children import PoolKey, child_key
 from pd_operator.core.reconcile import EventSpec, Problem, plan_children
 from pd_operator.core.status import ScalingView, compute_status, invalid_spec_status
 
@@ -37,6 +37,61 @@ def utc_now() -> str:
 
 def _namespace_terminating(error: ApiException) -> bool:
     return error.status == 403 and "NamespaceTerminating" in (error.body or "")
+
+
+def refused(error: ApiException) -> bool:
+    """Whether the apiserver refused the request itself, so that repeating it cannot help.
+
+    Besides 400/403/422, a server-side apply of a field the schema does not know or of a
+    malformed quantity fails as 500 while building the typed object: also the request's fault.
+    """
+    if _namespace_terminating(error):
+        return False
+    if error.status in REJECTED_STATUSES:
+        return True
+    return error.status == 500 and api_message(error).startswith(_MALFORMED_APPLY)
+
+
+# The apiserver's words when it cannot even build the object an apply describes.
+_MALFORMED_APPLY = ("failed to create typed patch object", "failed to convert new object")
+
+
+def _name_taken(error: ApiException, created: bool) -> bool:
+    """A create that found the name taken (409), or an apply whose uid precondition found an
+    object other than ours (422 on metadata.uid) or none (409)."""
+    if error.status == 409:
+        return True
+    return not created and error.status == 422 and "metadata.uid" in api_message(error)
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controller (any kind), if it has one."""
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+class NameConflictError(Exception):
+    """A child's name is held by an object this PDDeployment does not own."""
+
+    def __init__(self, manifest: Mapping[str, Any], holder: Mapping[str, Any]) -> None:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        super().__init__(
+            f"{kind} {name} already exists and belongs to {_holder(holder)}, not to this "
+            f"PDDeployment: rename this PDDeployment or the pool, or remove that {kind}"
+        )
+
+
+def _holder(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return f"{ref.get('kind')} {ref.get('name')}"
+    writers = sorted(
+        {m["manager"] for m in meta.get("managedFields") or [] if not m.get("subresource")}
+    )
+    return "no controller" + (f" (written by {', '.join(writers)})" if writers else "")
 
 
 def _comparable(status: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -105,14 +160,18 @@ class Reconciler:
         children = dict(snapshot.children)
         transient: ApiException | None = None
         for manifest in plan.apply:
+            wanted = child_key(manifest)
+            name = f"{wanted[1]} {wanted[2]}"
             try:
-                applied = self.writer.apply(manifest)
+                applied = self._write(manifest, snapshot.children.get(wanted), body)
+            except NameConflictError as conflict:
+                problems.append(Problem(reasons.NAME_CONFLICT, str(conflict)))
+                continue
             except ApiException as error:
-                if error.status not in REJECTED_STATUSES or _namespace_terminating(error):
+                if not refused(error):
                     # One child failing for now must not hold back the others; retry after.
                     transient = transient or error
                     continue
-                name = f"{manifest['kind']} {manifest['metadata']['name']}"
                 problems.append(
                     Problem(reasons.APPLY_REJECTED, f"{name} rejected: {api_message(error)}")
                 )
@@ -120,9 +179,7 @@ class Reconciler:
             # Read our own write: the next reconcile must not apply it again before the
             # watch event arrives.
             self.cache.put_child(applied)
-            children[(applied["apiVersion"], applied["kind"], applied["metadata"]["name"])] = (
-                applied
-            )
+            children[child_key(applied)] = applied
         for ref in plan.delete:
             self.writer.delete(ref.api_version, ref.kind, key[0], ref.name, ref.uid)
             children.pop((ref.api_version, ref.kind, ref.name), None)
@@ -142,6 +199,34 @@ class Reconciler:
         self._report(body, previous, status, plan.events + events + scaling_events)
         if transient is not None:
             raise transient
+
+    def _write(
+        self,
+        manifest: Mapping[str, Any],
+        existing: Mapping[str, Any] | None,
+        owner: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Apply over the child we own, or create a new one; never write another's object.
+
+        NameConflictError when the name is held by an object whose controller is not `owner`;
+        ApiException otherwise."""
+        try:
+            if existing is not None:
+                return self.writer.apply(manifest, existing["metadata"]["uid"])
+            return self.writer.create(manifest)
+        except ApiException as error:
+            if not _name_taken(error, created=existing is None):
+                raise
+            meta = manifest["metadata"]
+            holder = self.writer.find(
+                manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
+            )
+            if holder is None:
+                raise  # deleted meanwhile: the next pass creates it
+            if controller_uid(holder) != owner["metadata"].get("uid"):
+                raise NameConflictError(manifest, holder) from None
+            # Ours, but no longer carrying our labels (so not on our watch): restore it.
+            return self.writer.apply(manifest, holder["metadata"]["uid"])
 
     def _report(
         self,
