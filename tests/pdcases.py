@@ -250,6 +250,53 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("name-not-dns-label", mutate("metadata.name", "GLM.Hetero"), "metadata.name"),
     ("name-too-long", mutate("metadata.name", "g" * 64), "metadata.name"),
+    # A raw JSON client's whole float where a CEL rule reads an integer.
+    (
+        "replicas-min-whole-float",
+        mutate("spec.prefill.pools.0.replicas", {"min": 1.0, "max": 2}),
+        "spec.prefill.pools[0].replicas.min",
+    ),
+    (
+        "ratio-max-whole-float",
+        mutate("spec.scaling.prefillToDecodeRatio", {"minPercent": 100, "maxPercent": 200.0}),
+        "spec.scaling.prefillToDecodeRatio.maxPercent",
+    ),
+    (
+        "router-replicas-whole-float",
+        mutate("spec.router.replicas", {"min": 1, "max": 2.0}),
+        "spec.router.replicas.max",
+    ),
+    (
+        "schedule-floor-whole-float",
+        mutate("spec.scaling.schedules", [schedule(prefill={"p": 2.0})]),
+        "spec.scaling.schedules[0].prefill",
+    ),
+    (
+        "scale-down-window-whole-float",
+        mutate("spec.scaling.scaleDown", {"stabilizationSeconds": 300.0, "maxStepReplicas": 1}),
+        "spec.scaling.scaleDown.stabilizationSeconds",
+    ),
+    ("router-enabled-a-string", mutate("spec.router.enabled", "true"), "spec.router.enabled"),
+    (
+        "budget-enabled-a-number",
+        mutate("spec.disruptionBudget.enabled", 1),
+        "spec.disruptionBudget.enabled",
+    ),
+    (
+        "budget-enabled-yes",
+        mutate("spec.disruptionBudget.enabled", "yes"),
+        "spec.disruptionBudget.enabled",
+    ),
+    (
+        "shm-size-not-quantity",
+        mutate("spec.decode.pools.0.template", {"shmSize": "lots"}),
+        "spec.decode.pools[0].template.shmSize",
+    ),
+    (
+        "router-shm-size",
+        mutate("spec.router.template", {"shmSize": "1Gi"}),
+        "spec.router.template",
+    ),
 ]
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_api_client import PrometheusConnect
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from pd_operator.adapters.kube import call_json
 from pd_operator.api import parse_pddeployment
 from pd_operator.localcluster import LocalCluster
 from pd_operator.localcluster.processes import free_port
@@ -115,7 +117,54 @@ def test_apiserver_rejects_invalid_documents_naming_the_field(
         create(api_client, namespace, document, dry_run=True)
     assert raised.value.status in (400, 422), raised.value.body
     message = json.loads(raised.value.body)["message"]
-    assert field in message, message
+    # Reported at the field (`path: ...`, `path.child`, `path[0]`), not at `<nil>` naming it.
+    assert re.search(re.escape(field) + r"[.\[:]", message), message
+
+
+def test_a_raw_client_sending_whole_floats_gets_the_fields_named(api_client, namespace):
+    # JSON's 1.0 reaches the apiserver as a float (kubectl turns a YAML 1.0 into 1): what a rule
+    # reads is refused at the field; what no rule reads is taken as the integer it is.
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+    document = minimal()
+    document["spec"]["prefill"]["pools"][0]["replicas"] = {"min": 1.0, "max": 2}
+    with pytest.raises(ApiException) as raised:
+        call_json(api_client, "POST", path, document)
+    message = json.loads(raised.value.body)["message"]
+    assert (
+        'spec.prefill.pools[0].replicas.min: Invalid value: "integer": invalid data, expected '
+        "int, got float64 evaluating rule: must be written as an integer (1, not 1.0)" in message
+    ), message
+    document = minimal()
+    document["spec"]["slo"]["windowSeconds"] = 60.0
+    stored = call_json(api_client, "POST", path, document)
+    assert stored["spec"]["slo"]["windowSeconds"] == 60
+
+
+def test_a_short_scale_down_window_needs_no_steady_window(api_client, namespace):
+    # A fixed default of 60 would put the steady window over a 30 s long one and be refused.
+    document = minimal()
+    document["spec"]["scaling"] = {"scaleDown": {"stabilizationSeconds": 30, "maxStepReplicas": 1}}
+    stored = create(api_client, namespace, document)
+    assert "steadyStabilizationSeconds" not in stored["spec"]["scaling"]["scaleDown"]
+    assert parse_pddeployment(stored).spec.scaling.scale_down.steady_window_seconds == 30
+
+
+def test_a_steady_window_over_the_long_one_is_refused_at_admission_naming_the_field(
+    api_client, namespace
+):
+    document = minimal()
+    document["spec"]["scaling"] = {
+        "scaleDown": {
+            "stabilizationSeconds": 30,
+            "maxStepReplicas": 1,
+            "steadyStabilizationSeconds": 60,
+        }
+    }
+    with pytest.raises(ApiException) as raised:
+        create(api_client, namespace, document, dry_run=True)
+    message = json.loads(raised.value.body)["message"]
+    assert "spec.scaling.scaleDown.steadyStabilizationSeconds: Invalid value" in message
+    assert "lower it, or leave it out" in message
 
 
 def test_model_name_is_immutable(api_client, namespace):

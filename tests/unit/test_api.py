@@ -1,6 +1,7 @@
 """The PDDeployment models and the generated CRD accept, reject and default the same documents."""
 
 import copy
+import re
 from typing import Any
 
 import jsonschema
@@ -10,6 +11,7 @@ import yaml
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.api.crd import render_crd
 from pd_operator.api.reference import render_reference
+from pd_operator.api.types import INTEGER_LITERAL_MESSAGE
 from pdcases import CRD_PATH, INVALID, ROOT, SAMPLES, load_sample, minimal, mutate, schedule
 from schema_tools import apply_defaults, crd_schema, normalise, strict
 
@@ -26,6 +28,12 @@ NEEDS_APISERVER = {
     "schedule-duplicate-names",
     "router-replicas-min-over-max",  # CEL rules: only the apiserver evaluates them
     "router-service-account",
+    # A whole float passes the OpenAPI schema; the CEL rules that read the field refuse it.
+    "replicas-min-whole-float",
+    "ratio-max-whole-float",
+    "router-replicas-whole-float",
+    "schedule-floor-whole-float",
+    "scale-down-window-whole-float",
 }
 
 
@@ -202,3 +210,98 @@ def test_whole_valued_numbers_are_integers_as_the_apiserver_decides():
     document["spec"]["slo"]["windowSeconds"] = 60.0
     assert parse_pddeployment(document).spec.slo.window_seconds == 60
     assert schema_errors(document) == []
+
+
+INTEGER_GUARD = {"rule": "type(self) == int", "message": INTEGER_LITERAL_MESSAGE}
+
+
+def test_every_integer_a_cel_rule_reads_refuses_a_whole_float_at_the_field():
+    # The apiserver cannot evaluate a rule over an integer sent as 1.0 ("invalid data, expected
+    # int, got float64"); the field's own rule says where and what to write instead.
+    unguarded = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        properties = node.get("properties", {})
+        for rule in node.get("x-kubernetes-validations", []):
+            for name in re.findall(r"self\.(\w+)", rule["rule"]):
+                child = properties.get(name, {})
+                if child.get("type") == "integer" and INTEGER_GUARD not in child.get(
+                    "x-kubernetes-validations", []
+                ):
+                    unguarded.append(f"{path}.{name}")
+        for name, child in properties.items():
+            walk(child, f"{path}.{name}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], f"{path}.{key}")
+
+    spec = crd_schema()["properties"]["spec"]
+    walk(spec, "spec")
+    assert unguarded == []
+    # The schedule rules read the pools' replicas.max and the floors from the spec's root.
+    floors = spec["properties"]["scaling"]["properties"]["schedules"]["items"]["properties"]
+    assert INTEGER_GUARD in floors["prefill"]["additionalProperties"]["x-kubernetes-validations"]
+    pool = spec["properties"]["decode"]["properties"]["pools"]["items"]["properties"]
+    assert INTEGER_GUARD in pool["replicas"]["properties"]["max"]["x-kubernetes-validations"]
+
+
+def test_a_whole_float_where_a_rule_reads_is_refused_saying_what_to_write():
+    with pytest.raises(InvalidSpecError) as raised:
+        parse_pddeployment(mutate("spec.prefill.pools.0.replicas", {"min": 1.0, "max": 2}))
+    assert raised.value.problems == [
+        "spec.prefill.pools[0].replicas.min: must be written as an integer (1, not 1.0): "
+        "validation rules read it"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("scale_down", "window"),
+    [
+        (None, 60),
+        ({"stabilizationSeconds": 600, "maxStepReplicas": 1}, 60),
+        ({"stabilizationSeconds": 30, "maxStepReplicas": 1}, 30),
+        ({"stabilizationSeconds": 30, "maxStepReplicas": 1, "steadyStabilizationSeconds": 10}, 10),
+        ({"stabilizationSeconds": 30, "maxStepReplicas": 1, "steadyStabilizationSeconds": 30}, 30),
+    ],
+)
+def test_the_steady_window_defaults_to_60_s_or_the_long_window_if_shorter(scale_down, window):
+    document = minimal()
+    if scale_down is not None:
+        document["spec"]["scaling"] = {"scaleDown": scale_down}
+    assert parse_pddeployment(document).spec.scaling.scale_down.steady_window_seconds == window
+    assert schema_errors(document) == []
+
+
+def test_a_steady_window_over_the_long_one_is_refused_at_admission_and_read_capped():
+    # Older CRDs stored a default of 60 under shorter long windows: such objects keep working
+    # (the window the policy always used for them); admission refuses new ones (the CEL rule,
+    # tests/integration/test_control_plane.py).
+    document = mutate(
+        "spec.scaling.scaleDown",
+        {"stabilizationSeconds": 30, "maxStepReplicas": 1, "steadyStabilizationSeconds": 60},
+    )
+    assert parse_pddeployment(document).spec.scaling.scale_down.steady_window_seconds == 30
+    scale_down = crd_schema()["properties"]["spec"]["properties"]["scaling"]["properties"][
+        "scaleDown"
+    ]
+    (rule,) = scale_down["x-kubernetes-validations"]
+    assert rule["fieldPath"] == ".steadyStabilizationSeconds"
+    assert "lower it, or leave it out" in rule["message"]
+
+
+@pytest.mark.parametrize("value", ["true", "yes", 1, 0])
+def test_booleans_are_json_booleans_only(value):
+    for path in ("spec.router.enabled", "spec.disruptionBudget.enabled"):
+        with pytest.raises(InvalidSpecError, match=re.escape(path)):
+            parse_pddeployment(mutate(path, value))
+
+
+def test_name_rules_report_at_metadata_name():
+    rules = crd_schema()["x-kubernetes-validations"]
+    assert {rule["fieldPath"] for rule in rules} == {".metadata.name"}
+    with pytest.raises(InvalidSpecError) as raised:
+        parse_pddeployment(mutate("metadata.name", "g" * 64))
+    assert raised.value.problems == [
+        "metadata.name: metadata.name must be at most 63 characters: child objects and their "
+        "labels carry it"
+    ]

@@ -290,7 +290,8 @@ def test_engine_port_probes_and_prometheus_discovery(name, port):
 
 def test_engines_get_a_memory_backed_dev_shm():
     spec = pod_spec(deployments(desired_children(sample(HETERO), {}))["glm-hetero-decode-h200"])
-    assert {"name": "pd-shm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
+    shm = {"name": "pd-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+    assert shm in spec["volumes"]
     assert {"name": "pd-shm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
     assert spec["enableServiceLinks"] is False
 
@@ -455,6 +456,85 @@ def test_builders_do_not_mutate_or_alias_the_spec():
         for volume in child["spec"].get("template", {}).get("spec", {}).get("volumes", []):
             volume["name"] = "changed"
     assert pdd.model_dump() == before
+
+
+# --- Pod Security ------------------------------------------------------------------------------
+
+
+def pool_pod(template: dict[str, Any] | None = None) -> dict[str, Any]:
+    pool: dict[str, Any] = {"name": "p", "accelerator": {"resourceName": "nvidia.com/gpu"}}
+    if template is not None:
+        pool["template"] = template
+    return pod_spec(
+        deployments(desired_children(custom(prefill={"pools": [pool]}), {}))["minimal-prefill-p"]
+    )
+
+
+def test_pool_pods_pass_pod_security_baseline_and_all_of_restricted_but_the_user():
+    pod = pool_pod()
+    (container,) = pod["containers"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    # Engines never call the Kubernetes API.
+    assert pod["automountServiceAccountToken"] is False
+    # Most engine images run as root: runAsNonRoot is the user's to set.
+    assert "runAsNonRoot" not in json.dumps(pod)
+    assert "privileged" not in json.dumps(pod) and "hostPath" not in json.dumps(pod)
+
+
+def test_template_security_contexts_merge_over_ours_key_by_key():
+    pod = pool_pod(
+        {
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+            "containerSecurityContext": {
+                "capabilities": {"add": ["IPC_LOCK"]},
+                "readOnlyRootFilesystem": True,
+                "allowPrivilegeEscalation": None,  # a null takes ours away
+            },
+        }
+    )
+    assert pod["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "fsGroup": 1000,
+    }
+    assert pod["containers"][0]["securityContext"] == {
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        "readOnlyRootFilesystem": True,
+    }
+    localhost = {"type": "Localhost", "localhostProfile": "profiles/engine.json"}
+    pod = pool_pod(
+        {
+            "securityContext": {"seccompProfile": localhost},
+            "containerSecurityContext": {"capabilities": {"drop": ["NET_RAW"]}},
+        }
+    )
+    assert pod["securityContext"] == {"seccompProfile": localhost}
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}
+
+
+def test_a_pool_may_mount_its_service_account_token():
+    assert pool_pod({"automountServiceAccountToken": True})["automountServiceAccountToken"] is True
+    assert pool_pod({})["automountServiceAccountToken"] is False
+
+
+def test_dev_shm_is_bounded_by_the_template_unless_the_user_mounts_their_own():
+    (shm,) = pool_pod({"shmSize": "64Gi"})["volumes"]
+    assert shm == {"name": "pd-shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}
+    (shm,) = pool_pod()["volumes"]
+    assert shm["emptyDir"]["sizeLimit"] == "16Gi"
+    own = pool_pod(
+        {
+            "shmSize": "1Gi",
+            "volumes": [{"name": "big-shm", "emptyDir": {"medium": "Memory"}}],
+            "volumeMounts": [{"name": "big-shm", "mountPath": "/dev/shm"}],
+        }
+    )
+    assert own["volumes"] == [{"name": "big-shm", "emptyDir": {"medium": "Memory"}}]
 
 
 # --- engine command lines ----------------------------------------------------------------------

@@ -225,6 +225,24 @@ def test_the_router_template_sets_image_scheduler_and_resources_but_never_the_id
         parse_pddeployment(mutate("spec.router.template", {"serviceAccountName": "admin"}))
 
 
+def test_router_pods_get_the_pools_security_defaults_and_keep_their_token():
+    pod = by_kind(router_children(pdd()))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    # Its service discovery watches pods with its ServiceAccount's token.
+    assert "automountServiceAccountToken" not in pod
+    restricted = {"runAsNonRoot": True, "runAsUser": 65532}
+    document = mutate("spec.router.template", {"securityContext": restricted})
+    pod = by_kind(router_children(pdd(document)))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}, **restricted}
+    for field in ("automountServiceAccountToken", "shmSize"):
+        with pytest.raises(InvalidSpecError, match=rf"router\.template\.{field}"):
+            parse_pddeployment(mutate("spec.router.template", {field: "1Gi"}))
+
+
 def test_the_installed_vllm_router_accepts_the_command_line_the_operator_builds():
     # The router's own parser (from the pinned wheel): a flag it does not know would crash the
     # router pod at start.

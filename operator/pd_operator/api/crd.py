@@ -17,6 +17,7 @@ from pd_operator.api.document import (
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
+    NAME_LENGTH_MESSAGE,
     NAME_RULE_MESSAGE,
     PLURAL,
     VERSION,
@@ -168,7 +169,9 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Declared so that the name rules below can report at metadata.name (a CRD may
+            # constrain only name and generateName of its metadata).
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": model_schema(PDDeploymentSpec),
             # Flux/kstatus read an object without observedGeneration as settled; -1 until the
             # operator has written status makes a new object read as in progress.
@@ -176,10 +179,15 @@ def build_crd() -> dict[str, Any]:
         },
         "x-kubernetes-validations": [
             {
-                "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
-                f"self.metadata.name.matches(r'{DNS_LABEL_PATTERN}')",
+                "rule": f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+                "message": NAME_LENGTH_MESSAGE,
+                "fieldPath": ".metadata.name",
+            },
+            {
+                "rule": f"self.metadata.name.matches(r'{DNS_LABEL_PATTERN}')",
                 "message": NAME_RULE_MESSAGE,
-            }
+                "fieldPath": ".metadata.name",
+            },
         ],
     }
     return {

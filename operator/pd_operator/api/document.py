@@ -18,9 +18,11 @@ KIND = "PDDeployment"
 PLURAL = "pddeployments"
 # The name becomes a label value and the prefix of child names, so it is a DNS label.
 MAX_NAME_LENGTH = 63
-NAME_RULE_MESSAGE = (
-    "metadata.name must be a DNS label (lower-case letters, digits, '-') of at most 63 characters"
+NAME_LENGTH_MESSAGE = (
+    f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child objects and their "
+    "labels carry it"
 )
+NAME_RULE_MESSAGE = "metadata.name must be a DNS label (lower-case letters, digits, '-')"
 
 
 class ObjectMeta(BaseModel):
@@ -38,7 +40,9 @@ class ObjectMeta(BaseModel):
     @field_validator("name")
     @classmethod
     def _dns_label(cls, name: str) -> str:
-        if len(name) > MAX_NAME_LENGTH or not re.fullmatch(DNS_LABEL_PATTERN, name):
+        if len(name) > MAX_NAME_LENGTH:
+            raise ValueError(NAME_LENGTH_MESSAGE)
+        if not re.fullmatch(DNS_LABEL_PATTERN, name):
             raise ValueError(NAME_RULE_MESSAGE)
         return name
 

@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    StrictBool,
     StrictStr,
     ValidationInfo,
     field_validator,
@@ -25,13 +26,16 @@ from pydantic.alias_generators import to_camel
 from pd_operator.api.types import (
     DNS_LABEL_PATTERN,
     ENV_NAME_PATTERN,
+    INTEGER_LITERAL,
+    INTEGER_LITERAL_RULE,
     WHOLE_NUMBER,
     LabelKey,
     LabelValue,
     Milliseconds,
     PoolName,
     Quantity,
-    Replicas,
+    RuleReplicas,
+    RuleSeconds,
     Seconds,
     ShortText,
 )
@@ -190,10 +194,10 @@ class ReplicaBounds(SpecModel):
         }
     )
 
-    min: Replicas = Field(1, description="Fewest replicas.")
-    max: Annotated[int, Field(ge=1, le=1000), WHOLE_NUMBER] = Field(
-        10, description="Most replicas."
-    )
+    min: RuleReplicas = Field(1, description="Fewest replicas.")
+    max: Annotated[
+        int, Field(ge=1, le=1000, json_schema_extra=INTEGER_LITERAL_RULE), INTEGER_LITERAL
+    ] = Field(10, description="Most replicas.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "ReplicaBounds":
@@ -280,6 +284,39 @@ class PodTemplateOverrides(SpecModel):
         list[Passthrough],
         Field(max_length=16),
     ] = Field(default_factory=list, description="Engine container volume mounts (core/v1).")
+    security_context: Passthrough | None = Field(
+        None,
+        description="Pod securityContext (core/v1 PodSecurityContext), merged key by key over "
+        "the operator's (seccompProfile RuntimeDefault), e.g. runAsNonRoot and runAsUser where "
+        "Pod Security restricted is enforced.",
+    )
+    container_security_context: Passthrough | None = Field(
+        None,
+        description="securityContext of the container (core/v1 SecurityContext), merged key by "
+        "key over the operator's (allowPrivilegeEscalation false, capabilities drop ALL), e.g. "
+        "capabilities.add [IPC_LOCK].",
+    )
+
+
+# Tensor-parallel engines pass activations between their ranks through /dev/shm (NCCL, vLLM's
+# shared-memory broadcast): a few GiB at 8 ranks. A bound keeps a runaway from taking the node's
+# memory, which a memory-backed emptyDir would otherwise be allowed up to.
+DEFAULT_SHM_SIZE = "16Gi"
+
+
+class PoolTemplateOverrides(PodTemplateOverrides):
+    """Optional changes to a pool's generated pod template."""
+
+    shm_size: Quantity = Field(
+        DEFAULT_SHM_SIZE,
+        description="Size limit of the memory-backed /dev/shm the engine gets (it counts "
+        "against the pod's memory); unused when volumeMounts mounts /dev/shm itself.",
+    )
+    automount_service_account_token: StrictBool = Field(
+        False,
+        description="Mount the ServiceAccount's API token into the engine pods; engines never "
+        "call the Kubernetes API, so it is left out unless set true.",
+    )
 
 
 class PoolSpec(SpecModel):
@@ -291,7 +328,7 @@ class PoolSpec(SpecModel):
     replicas: ReplicaBounds = Field(
         default_factory=ReplicaBounds, json_schema_extra={"default": {"min": 1, "max": 10}}
     )
-    template: PodTemplateOverrides | None = None
+    template: PoolTemplateOverrides | None = None
 
 
 class RoleSpec(SpecModel):
@@ -320,15 +357,57 @@ class StepPolicy(SpecModel):
     )
 
 
+# The short scale-down window of a steady load when the spec names none (capped by the long one).
+STEADY_STABILIZATION_SECONDS = 60
+STEADY_WINDOW_MESSAGE = (
+    "scaleDown.steadyStabilizationSeconds must be at most stabilizationSeconds: lower it, or "
+    f"leave it out for the lesser of {STEADY_STABILIZATION_SECONDS} and stabilizationSeconds"
+)
+
+
 class ScaleDownPolicy(StepPolicy):
     """How fast a pool may shrink: after a long window, or a short one while the load is steady."""
 
-    steady_stabilization_seconds: Seconds = Field(
-        60,
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.steadyStabilizationSeconds) || "
+                    "self.steadyStabilizationSeconds <= self.stabilizationSeconds",
+                    STEADY_WINDOW_MESSAGE,
+                    ".steadyStabilizationSeconds",
+                )
+            ]
+        }
+    )
+
+    stabilization_seconds: RuleSeconds = Field(
+        description="How long a decision must hold before it is applied, in seconds."
+    )
+    steady_stabilization_seconds: RuleSeconds | None = Field(
+        None,
         description="The window instead, in seconds (at most stabilizationSeconds), while the "
         "role's load has been steady and its latency under half the target for a whole "
-        "stabilizationSeconds. Set it to stabilizationSeconds to always wait the long window.",
+        "stabilizationSeconds. Absent: 60 or stabilizationSeconds, whichever is less. Set it "
+        "to stabilizationSeconds to always wait the long window.",
     )
+
+    @property
+    def steady_window_seconds(self) -> int:
+        """The steady-load window in effect: the spec's, else 60; never over stabilizationSeconds.
+
+        Admission refuses an explicit window over the long one; objects stored by older CRDs,
+        whose default of 60 could sit over a shorter long window, are read capped (the window
+        the policy always used for them) instead of stalling."""
+        steady = self.steady_stabilization_seconds
+        return min(
+            STEADY_STABILIZATION_SECONDS if steady is None else steady, self.stabilization_seconds
+        )
+
+
+RulePercent = Annotated[
+    int, Field(ge=1, le=10_000, json_schema_extra=INTEGER_LITERAL_RULE), INTEGER_LITERAL
+]
 
 
 class RatioGuardrail(SpecModel):
@@ -345,8 +424,8 @@ class RatioGuardrail(SpecModel):
         }
     )
 
-    min_percent: Annotated[int, Field(ge=1, le=10_000), WHOLE_NUMBER]
-    max_percent: Annotated[int, Field(ge=1, le=10_000), WHOLE_NUMBER]
+    min_percent: RulePercent
+    max_percent: RulePercent
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "RatioGuardrail":
@@ -386,7 +465,7 @@ Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 CLOCK_TIME_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
 ClockTime = Annotated[StrictStr, Field(max_length=5, pattern=CLOCK_TIME_PATTERN)]
-PoolFloors = Annotated[dict[PoolName, Replicas], Field(max_length=8)]
+PoolFloors = Annotated[dict[PoolName, RuleReplicas], Field(max_length=8)]
 
 
 def _known_time_zone(name: str) -> str:
@@ -559,7 +638,7 @@ class ScalingSpec(SpecModel):
 class DisruptionBudgetSpec(SpecModel):
     """Voluntary disruptions (node drains, evictions) of each pool's pods."""
 
-    enabled: bool = Field(
+    enabled: StrictBool = Field(
         True,
         description="One PodDisruptionBudget per pool: a drain or an eviction takes at most "
         "maxUnavailable of the pool's Ready replicas at a time. Set false to create none "
@@ -589,6 +668,11 @@ class TerminationSpec(SpecModel):
 RoutingPolicy = Literal["CacheAware", "PowerOfTwo", "RoundRobin", "ConsistentHash", "Random"]
 
 
+RouterCount = Annotated[
+    int, Field(ge=1, le=100, json_schema_extra=INTEGER_LITERAL_RULE), INTEGER_LITERAL
+]
+
+
 class RouterReplicas(SpecModel):
     """Router replicas: fixed when min equals max, else scaled on CPU by an HPA."""
 
@@ -603,8 +687,8 @@ class RouterReplicas(SpecModel):
         }
     )
 
-    min: Annotated[int, Field(ge=1, le=100), WHOLE_NUMBER] = Field(1, description="Fewest routers.")
-    max: Annotated[int, Field(ge=1, le=100), WHOLE_NUMBER] = Field(1, description="Most routers.")
+    min: RouterCount = Field(1, description="Fewest routers.")
+    max: RouterCount = Field(1, description="Most routers.")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> "RouterReplicas":
@@ -618,7 +702,7 @@ class RouterReplicas(SpecModel):
 class RouterSpec(SpecModel):
     """The PD router in front of the pools: the PDDeployment's one OpenAI-compatible endpoint."""
 
-    enabled: bool = Field(
+    enabled: StrictBool = Field(
         True,
         description="Run the engine's PD router (vllm-router for VLLM, sglang-router for SGLang) "
         "behind a Service named after the PDDeployment. False: no router and no endpoint.",
@@ -641,7 +725,8 @@ class RouterSpec(SpecModel):
         None,
         description="Changes to the router's pods: image (the operator's pinned router for the "
         "engine when absent), resources (1 CPU and 1Gi requested when absent), scheduler, "
-        "labels, env and the rest as for a pool.",
+        "labels, env, securityContext and the rest as for a pool; the router keeps its API "
+        "token (its discovery watches pods) and has no /dev/shm.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(

@@ -36,11 +36,37 @@ def _whole_number(value: Any) -> Any:
 # It goes last in an Annotated, after the Field bounds, so that the JSON schema keeps them.
 WHOLE_NUMBER = BeforeValidator(_whole_number)
 
+# The apiserver's validation rules (CEL) cannot read an integer field sent as a whole float (a
+# raw JSON client's 1.0 passes the schema, then every rule that reads it fails with "invalid
+# data, expected int, got float64"): a field a rule reads takes integers only, and its own rule
+# says so at the field. kubectl turns a YAML 1.0 into 1 before sending it.
+INTEGER_LITERAL_MESSAGE = "must be written as an integer (1, not 1.0): validation rules read it"
+
+
+def _integer_literal(value: Any) -> Any:
+    if isinstance(value, float):
+        raise ValueError(INTEGER_LITERAL_MESSAGE)
+    return _whole_number(value)
+
+
+# For an integer field that a CEL rule reads; goes where WHOLE_NUMBER would.
+INTEGER_LITERAL = BeforeValidator(_integer_literal)
+INTEGER_LITERAL_RULE: dict[str, Any] = {
+    "x-kubernetes-validations": [{"rule": "type(self) == int", "message": INTEGER_LITERAL_MESSAGE}]
+}
+
 PoolName = Annotated[StrictStr, Field(min_length=1, max_length=32, pattern=DNS_LABEL_PATTERN)]
 ShortText = Annotated[StrictStr, Field(max_length=253)]
 LabelKey = Annotated[StrictStr, Field(min_length=1, max_length=317, pattern=QUALIFIED_NAME_PATTERN)]
 LabelValue = Annotated[StrictStr, Field(max_length=63)]
 Quantity = Annotated[StrictStr, Field(min_length=1, max_length=32, pattern=QUANTITY_PATTERN)]
 Replicas = Annotated[int, Field(ge=0, le=1000), WHOLE_NUMBER]
+# Replicas that a CEL rule reads (bounds, schedule floors).
+RuleReplicas = Annotated[
+    int, Field(ge=0, le=1000, json_schema_extra=INTEGER_LITERAL_RULE), INTEGER_LITERAL
+]
 Milliseconds = Annotated[int, Field(ge=1, le=3_600_000), WHOLE_NUMBER]
 Seconds = Annotated[int, Field(ge=0, le=86_400), WHOLE_NUMBER]
+RuleSeconds = Annotated[
+    int, Field(ge=0, le=86_400, json_schema_extra=INTEGER_LITERAL_RULE), INTEGER_LITERAL
+]

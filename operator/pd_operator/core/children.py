@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pd_operator.api.document import API_VERSION, KIND, PDDeployment
-from pd_operator.api.spec import PodTemplateOverrides, PoolSpec, Role
+from pd_operator.api.spec import PodTemplateOverrides, PoolSpec, PoolTemplateOverrides, Role
 from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import (
     HEALTH_PATH,
@@ -42,6 +42,14 @@ PORT_NAME = "http"
 METRICS_SERVICE_PORT = 9090
 SHM_VOLUME = "pd-shm"
 SHM_PATH = "/dev/shm"
+
+# Pod Security `baseline`, and every `restricted` control that an image running as root passes:
+# runAsNonRoot is left to template.securityContext, as most engine images run as root.
+POD_SECURITY_CONTEXT: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 READINESS_PERIOD_SECONDS = 10
 # Loading a large checkpoint onto 8 cards and capturing graphs can take tens of minutes; the
@@ -110,6 +118,25 @@ def merge_by(key: str, ours: list[dict[str, Any]], theirs: Iterable[dict[str, An
     return [item for item in ours if item[key] not in taken] + copied
 
 
+def merge_over(ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Ours with theirs merged in key by key, nested objects too: theirs wins, a list of theirs
+    replaces ours whole, and a null of theirs removes our key."""
+    merged = copy.deepcopy(dict(ours))
+    for key, value in (theirs or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge_over(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def container_security_context(template: PodTemplateOverrides) -> dict[str, Any]:
+    """The container securityContext: ours, with the template's merged over it."""
+    return merge_over(CONTAINER_SECURITY_CONTEXT, template.container_security_context)
+
+
 def _resources(pool: PoolSpec, template: PodTemplateOverrides) -> dict[str, Any]:
     # Extended resources cannot be overcommitted: the apiserver requires requests == limits.
     cards = {pool.accelerator.resource_name: str(pool.accelerator.per_replica)}
@@ -131,7 +158,7 @@ def _probe(failure_threshold: int, period_seconds: int) -> dict[str, Any]:
 
 def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
     spec = pdd.spec
-    template = pool.template or PodTemplateOverrides()
+    template = pool.template or PoolTemplateOverrides()
     user_env = [var.model_dump() for var in template.env]
     shm_mount = [] if _user_mounts_shm(template) else [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
     container: dict[str, Any] = {
@@ -146,6 +173,7 @@ def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str
         # No liveness probe: /health is slow on a loaded engine, and a false restart costs a
         # full model reload, far worse than a wedged replica that readiness already takes out.
         "startupProbe": _probe(STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS),
+        "securityContext": container_security_context(template),
     }
     drain = spec.termination.drain_seconds
     if drain:
@@ -165,7 +193,7 @@ def _user_mounts_shm(template: PodTemplateOverrides) -> bool:
 
 
 def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
-    template = pool.template or PodTemplateOverrides()
+    template = pool.template or PoolTemplateOverrides()
     port = engine_port(pdd.spec.model.engine)
     # Ours win over the template's: the selector and the metrics scrape depend on them.
     labels = {**template.labels, **child_labels(pdd.metadata.name, role, pool.name)}
@@ -182,7 +210,9 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
     shm_volume = (
         []
         if _user_mounts_shm(template)
-        else [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+        else [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}}
+        ]
     )
     pod: dict[str, Any] = {
         "containers": [_engine_container(pdd, role, pool)],
@@ -190,6 +220,8 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
         # Service environment variables can clash with engine settings (a Service named `vllm`
         # sets VLLM_PORT, which vLLM reads), and engines find peers by other means.
         "enableServiceLinks": False,
+        # Engines never call the Kubernetes API: no token to steal from them unless asked.
+        "automountServiceAccountToken": template.automount_service_account_token,
     }
     volumes = merge_by("name", shm_volume, template.volumes)
     if volumes:
@@ -208,7 +240,9 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
 def template_pod_fields(template: PodTemplateOverrides, own: Mapping[str, str]) -> dict[str, Any]:
     """The pod-spec fields a template sets besides containers and volumes; `own` are the labels
     that select the workload's pods."""
-    pod: dict[str, Any] = {}
+    pod: dict[str, Any] = {
+        "securityContext": merge_over(POD_SECURITY_CONTEXT, template.security_context)
+    }
     for field, value in (
         ("schedulerName", template.scheduler_name),
         ("serviceAccountName", template.service_account_name),

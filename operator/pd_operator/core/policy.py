@@ -433,7 +433,7 @@ def _steady(spec: PDDeploymentSpec, samples: tuple[Sample, ...], now: float) -> 
     """The load was steady and far under the target over a whole scale-down window."""
     scale_down = spec.scaling.scale_down
     window = scale_down.stabilization_seconds
-    if scale_down.steady_stabilization_seconds >= window or len(samples) < 2:
+    if scale_down.steady_window_seconds >= window or len(samples) < 2:
         return False
     if samples[0][0] > now - window:
         return False  # not watched for a whole window yet
@@ -460,7 +460,7 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
     scaling = spec.scaling
     windows = [scaling.scale_down.stabilization_seconds]
     if steady:
-        windows.append(scaling.scale_down.steady_stabilization_seconds)
+        windows.append(scaling.scale_down.steady_window_seconds)
     values = [
         stabilize(
             pool.current,
@@ -737,7 +737,7 @@ def _role_words(
     memory: RoleMemory,
     now: float,
 ) -> str:
-    window = spec.scaling.scale_down.steady_stabilization_seconds
+    window = spec.scaling.scale_down.steady_window_seconds
     since = {"idle": memory.no_traffic_since, "unavailable": memory.unavailable_since}.get(
         load.status
     )

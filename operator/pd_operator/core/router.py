@@ -21,6 +21,7 @@ from pd_operator.core.children import (
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
     MANAGED_BY,
+    container_security_context,
     merge_by,
     owner_reference,
     selector_labels,
@@ -160,6 +161,9 @@ def build_router_deployment(pdd: PDDeployment) -> Manifest:
         "resources": _resources(template),
         "readinessProbe": _probe("/readiness", 3),
         "livenessProbe": _probe("/liveness", 6),
+        # The pools' defaults. Not runAsNonRoot: the pinned images declare no user (vllm-router's
+        # Dockerfile has no USER), and a uid of ours is not checked against what they write.
+        "securityContext": container_security_context(template),
     }
     if template.env:
         container["env"] = [var.model_dump() for var in template.env]
