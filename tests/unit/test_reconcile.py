@@ -307,6 +307,28 @@ def test_image_pull_failure_stalls_with_a_warning_once():
     assert again["conditions"] == status["conditions"]  # transition times kept
 
 
+def test_router_pods_refused_by_the_apiserver_stall_in_the_router_s_words():
+    children = applied(plan_children(hetero(), {}, []))
+    router = next(key for key in children if key[1] == "Deployment" and key[2].endswith("-router"))
+    refused = 'pods "glm-hetero-router-x" is forbidden: violates PodSecurity "restricted:latest"'
+    children[router]["status"] = {
+        "conditions": [
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedCreate",
+                "message": refused,
+            }
+        ]
+    }
+    status, _ = _status(children, [])
+    assert conditions(status)["Stalled"] == ("True", "ReplicaFailure")
+    assert (
+        f"router: {refused}"
+        in dict((c["type"], c["message"]) for c in status["conditions"])["Stalled"]
+    )
+
+
 def test_recovery_posts_a_normal_event_and_moves_the_transition_time():
     children = _ready(applied(plan_children(hetero(), {}, [])))
     pods = [PodSummary("d1", "decode", "h200", False, False, image_problem="ErrImagePull")]

@@ -120,6 +120,16 @@ def _pool_problems(
     return problems
 
 
+def _router_problems(
+    pdd: PDDeployment, children: Mapping[ChildKey, Mapping[str, Any]]
+) -> list[Problem]:
+    """The router's pods refused like a pool's (Pod Security, a missing PriorityClass)."""
+    if not pdd.spec.router.enabled:
+        return []
+    deployment = children.get(("apps/v1", "Deployment", router_name(pdd.metadata.name))) or {}
+    return _pool_problems("router", [], deployment.get("status") or {})
+
+
 def _router_waiting(router: Mapping[str, int] | None) -> list[str]:
     if router is None or router["readyReplicas"] >= router["desiredReplicas"]:
         return []
@@ -177,6 +187,7 @@ def compute_status(
 
     router = _router_status(pdd, children)
     waiting += _router_waiting(router)
+    problems += _router_problems(pdd, children)
 
     before = {c["type"]: c for c in previous.get("conditions") or []}
     stalled = bool(problems)
