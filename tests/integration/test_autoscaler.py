@@ -7,12 +7,19 @@ recorded but not applied.
 """
 
 import copy
+import itertools
+import os
+import signal
+import time
+from datetime import datetime
 
 import pytest
 from kubernetes import client
+from prometheus_client import REGISTRY
 
 from fakeengine import FakeEngine
 from kubetools import RunningOperator, condition, create_pdd, events, get_pdd, wait_for
+from pd_operator.localcluster import LocalPrometheus
 from pd_operator.sim.virtual import VirtualCluster
 from pdcases import ROOT, load_sample
 
@@ -251,3 +258,154 @@ def test_other_workloads_on_the_nodes_count_against_free_capacity(
     assert prefill_replicas(api_client, namespace) == 1
     pods = core.list_namespaced_pod(namespace, label_selector="pdoperator.io/role=prefill").items
     assert len(pods) == 1
+
+
+def status_writes() -> float:
+    """Status patches the operator has sent so far (pd_operator_api_writes_total)."""
+    labels = {"verb": "patch_status", "kind": "PDDeployment"}
+    return REGISTRY.get_sample_value("pd_operator_api_writes_total", labels) or 0.0
+
+
+def pools_ready(obj: dict) -> bool:
+    """Every pool has its replicas Ready (the router's pod is not scheduled in these tests)."""
+    pools = (obj.get("status") or {}).get("pools") or []
+    return bool(pools) and all(p["readyReplicas"] == p["desiredReplicas"] for p in pools)
+
+
+def fake_engines(prometheus, namespace: str, name: str) -> tuple[FakeEngine, FakeEngine]:
+    """A prefill and a decode engine of PDDeployment `name`, scraped by `prometheus`."""
+    prefill, decode = (
+        FakeEngine(
+            prometheus, f"{namespace}-{name}-{role}",
+            {"namespace": namespace, "deployment": name, "role": role},
+        )
+        for role in ("prefill", "decode")
+    )  # fmt: skip
+    return prefill, decode
+
+
+def serve(engines: tuple[FakeEngine, FakeEngine], requests: int) -> None:
+    """`requests` more requests, each within its TTFT and ITL targets."""
+    for _ in range(requests):
+        engines[0].ttft.labels(model_name="m").observe(0.5)
+        engines[1].itl.labels(model_name="m").observe(0.012)
+
+
+def reading_and_ready(api_client, namespace: str, *names: str) -> bool:
+    objects = [get_pdd(api_client, namespace, name) for name in names]
+    return all(
+        condition(obj, "MetricsAvailable").get("status") == "True" and pools_ready(obj)
+        for obj in objects
+    )
+
+
+def test_a_hung_prometheus_holds_back_only_its_own_objects(
+    operator, api_client, namespace, prometheus
+):
+    far = LocalPrometheus()
+    far.start()
+    near_engines = fake_engines(prometheus, namespace, "glm-near")
+    far_engines = fake_engines(far, namespace, "glm-far")
+    stopped = False
+    try:
+        for name, url in (("glm-near", prometheus.url), ("glm-far", far.url)):
+            body = pdd_body(url)
+            body["metadata"]["name"] = name
+            # Four-card decode replicas: both objects' decode pools share the one H200 node.
+            body["spec"]["decode"]["pools"][0]["accelerator"]["perReplica"] = 4
+            create_pdd(api_client, namespace, body)
+
+        def both_read() -> bool:
+            serve(near_engines, 5)
+            serve(far_engines, 5)
+            return reading_and_ready(api_client, namespace, "glm-near", "glm-far")
+
+        wait_for(both_read, timeout=90, interval=1, what="both objects reading their Prometheus")
+        os.kill(far.process.pid, signal.SIGSTOP)
+        stopped = True
+        since = time.monotonic()
+
+        # A load that grows by one request per second every second: the healthy object's
+        # observed rate moves by more than the 5% that is worth a status write at every
+        # decision, so that each decision shows as a new status.observed.sampleTime.
+        samples: list[str] = []
+        unavailable_at: tuple[float, dict, str] | None = None
+        for second in range(8 * INTERVAL):
+            serve(near_engines, 5 + second)
+            near = get_pdd(api_client, namespace, "glm-near")["status"]
+            if not samples or samples[-1] != near["observed"]["sampleTime"]:
+                samples.append(near["observed"]["sampleTime"])
+            far_obj = get_pdd(api_client, namespace, "glm-far")
+            available = condition(far_obj, "MetricsAvailable")
+            if unavailable_at is None and available.get("status") == "False":
+                version = far_obj["metadata"]["resourceVersion"]
+                unavailable_at = (time.monotonic() - since, available, version)
+            time.sleep(max(0.0, since + second + 1 - time.monotonic()))
+        times = [datetime.fromisoformat(s).timestamp() for s in samples]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        # Every decision of the healthy object within its interval (and the 1 s tick).
+        assert len(gaps) >= 5 and max(gaps) <= INTERVAL + 1, gaps
+        assert unavailable_at is not None, "the stopped Prometheus' object never said so"
+        after, available, version = unavailable_at
+        assert after <= 2 * INTERVAL + 3  # its next decision, once the read deadline passed
+        assert f"Prometheus at {far.url} did not answer within" in available["message"]
+        far_obj = get_pdd(api_client, namespace, "glm-far")
+        assert far_obj["status"]["lastDecision"]["limitedBy"] == "metrics"
+        # Holding, with nothing new to say: no status write after the one that said so.
+        assert far_obj["metadata"]["resourceVersion"] == version
+        assert "ttftMilliseconds" not in far_obj["status"]["observed"]  # unknown, not stale
+    finally:
+        if stopped:
+            os.kill(far.process.pid, signal.SIGCONT)
+        for engine in (*near_engines, *far_engines):
+            engine.close()
+        far.stop()
+
+
+def test_lost_metrics_cost_no_status_writes_and_capacity_still_follows_the_nodes(
+    operator, api_client, namespace, nodes
+):
+    source = LocalPrometheus()
+    source.start()
+    engines = fake_engines(source, namespace, "glm-hetero")
+    try:
+        create_pdd(api_client, namespace, pdd_body(source.url))
+
+        def reading() -> bool:
+            serve(engines, 5)
+            return reading_and_ready(api_client, namespace, "glm-hetero")
+
+        wait_for(reading, timeout=90, interval=1, what="metrics read with every pool Ready")
+        source.pause()  # Prometheus is gone
+
+        def lost():
+            obj = get_pdd(api_client, namespace, "glm-hetero")
+            return condition(obj, "MetricsAvailable").get("status") == "False" and obj
+
+        wait_for(lost, timeout=3 * INTERVAL, what="MetricsAvailable=False")
+        wait_for(operator.settled, what="the work queue to drain")
+        before = status_writes()
+        time.sleep(6 * INTERVAL)
+        assert status_writes() - before == 0
+        obj = get_pdd(api_client, namespace, "glm-hetero")
+        assert "ttftMilliseconds" not in obj["status"]["observed"]  # unknown, not stale
+        assert condition(obj, "CapacityAvailable")["status"] == "True"
+
+        # Every node goes, and its pods with it: capacity needs no metrics to be known.
+        nodes.stop()
+        client.CoreV1Api(api_client).delete_collection_namespaced_pod(
+            namespace, grace_period_seconds=0
+        )
+
+        def exhausted():
+            obj = get_pdd(api_client, namespace, "glm-hetero")
+            return condition(obj, "CapacityAvailable").get("status") == "False" and obj
+
+        obj = wait_for(exhausted, timeout=3 * INTERVAL, what="CapacityAvailable=False")
+        assert "no Ready, schedulable node" in condition(obj, "CapacityAvailable")["message"]
+        assert condition(obj, "MetricsAvailable")["status"] == "False"
+        assert obj["status"]["lastDecision"]["limitedBy"] == "metrics"
+    finally:
+        for engine in engines:
+            engine.close()
+        source.stop()

@@ -4,13 +4,18 @@ for a steady object."""
 from dataclasses import replace
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.core.decision import Decision, Observation, PoolObservation
+from pd_operator.core.capacity import free_capacity
+from pd_operator.core.decision import Decision, Observation, PoolObservation, ScaleRecord
+from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.scaling_view import (
     REFRESH_SECONDS,
     damp_churn,
+    finish_scales,
+    iso,
     scaling_outcome,
     transition_events,
+    unreported_scales,
 )
 from pd_operator.core.signals import Reading, RoleSignals, unavailable
 from pdcases import minimal
@@ -179,3 +184,87 @@ def test_seasonal_history_says_whether_prometheus_holds_every_season():
         SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(), no_series={}, now=NOW
     )
     assert "SeasonalHistory" not in conditions(plain.view)
+
+
+def on_nodes(
+    seen: Observation, nodes: list[NodeSummary], pods: list[PodSummary], unschedulable: int = 0
+) -> Observation:
+    """`seen` with the free capacity of `nodes` after `pods`, and unschedulable pods per pool."""
+    pools = {k: replace(p, unschedulable=unschedulable) for k, p in seen.pools.items()}
+    return replace(seen, pools=pools, capacity=free_capacity(nodes, pods))
+
+
+def gpu_node(name: str, resource: str) -> NodeSummary:
+    return NodeSummary(name, {}, (), {resource: "8"}, ready=True)
+
+
+def test_capacity_is_judged_from_the_nodes_while_metrics_are_unavailable():
+    held = decision(limited_by="metrics")  # no metrics: the autoscaler holds
+    lost = observation(unavailable("down"), unavailable("down"), ready=0)
+    nodes = [gpu_node("s5000", "mthreads.com/gpu"), gpu_node("h200", "nvidia.com/gpu")]
+
+    def capacity(seen: Observation) -> tuple[bool | None, str, str]:
+        found = next(
+            c
+            for c in scaling_outcome(SPEC, seen, held, no_series={}, now=NOW).view.conditions
+            if c.type == "CapacityAvailable"
+        )
+        return found.status, found.reason, found.message
+
+    # Every node gone: the pools' replicas have nowhere to run, whatever the metrics say.
+    status, reason, message = capacity(on_nodes(lost, [], []))
+    assert (status, reason) == (False, "CapacityExhausted")
+    assert message.startswith("prefill pool p: no Ready, schedulable node matching its ")
+    assert "decode pool d: no Ready, schedulable node" in message
+    assert capacity(on_nodes(lost, nodes, []))[:2] == (True, "AsExpected")
+    # Nodes full of other pods, and the pools' pods wait for room.
+    others = [
+        PodSummary(f"other-{n.name}", "", "", True, False, n.name, requests=n.allocatable)
+        for n in nodes
+    ]
+    status, _, message = capacity(on_nodes(lost, nodes, others, unschedulable=1))
+    assert status is False
+    assert "prefill pool p: 1 pod(s) cannot be scheduled, room for 0" in message
+    assert capacity(on_nodes(lost, nodes, [], unschedulable=1))[0] is True  # room comes
+    # Unknown node view: not judged.
+    assert capacity(lost)[0] is True
+
+
+def test_a_decision_that_moves_replicas_between_pools_is_written():
+    first = scaling_outcome(SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(),
+                            no_series={}, now=NOW).view  # fmt: skip
+    status = status_of(first)
+    # Same role totals and limit, but a pool's replicas change: status must say so.
+    moved = scaling_outcome(SPEC, observation(Reading.of(0.5), Reading.of(0.01)), decision(),
+                            no_series={}, now=NOW + 30).view  # fmt: skip
+    damp_churn(moved, status, NOW + 30, scaled=True)
+    assert moved.last_decision["time"] == iso(NOW + 30)
+
+
+def test_a_scale_status_never_reported_is_reported_once_after_a_restart():
+    recorded = ScaleRecord("prefill", "p", 1, 2, {
+        "time": iso(NOW), "prefillReplicas": 2, "decodeReplicas": 1, "reason": "because",
+        "limitedBy": "none",
+    })  # fmt: skip
+    # Status still shows the decision before it: the operator stopped before writing it.
+    before = {"lastDecision": {**recorded.last_decision, "time": iso(NOW - 60),
+                               "prefillReplicas": 1}}  # fmt: skip
+    unreported = unreported_scales([recorded.to_json(), "{not json"], iso(NOW - 60))
+    assert unreported == [recorded]
+    finished, events = finish_scales(before, unreported)
+    assert [(e.type, e.reason, e.message) for e in events] == [
+        ("Normal", "ScaledUp", "prefill pool p: 1 -> 2: because")
+    ]
+    # The restarted operator's first decision keeps the two replicas: status shows the
+    # recorded decision, not one of its own that says nothing new.
+    at_two = replace(
+        observation(Reading.of(0.5), Reading.of(0.01)),
+        pools={("prefill", "p"): PoolObservation(2, 2), ("decode", "d"): PoolObservation(1, 1)},
+    )
+    view = scaling_outcome(SPEC, at_two, decision(2), no_series={}, now=NOW + 30).view
+    damp_churn(view, finished, NOW + 30)
+    assert view.last_decision == recorded.last_decision
+    assert transition_events(before, view, decision(2), at_two, advisory=False) == []
+    # Reported (by status, or by this operator's own decision of that time): nothing more.
+    assert unreported_scales([recorded.to_json()], iso(NOW)) == []
+    assert unreported_scales([recorded.to_json()], None) == [recorded]

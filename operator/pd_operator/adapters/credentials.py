@@ -10,7 +10,9 @@ object and a rotated Secret is picked up within the TTL. Every problem becomes a
 
 `PrometheusReaders` keeps one reader per (url, token, CA), so that two PDDeployments with
 different credentials for the same URL never share a connection, and writes each CA to a
-private temporary file for `requests`, removed when no object uses that reader any more.
+private temporary file for `requests`, removed when no object uses that reader any more. It
+reads all of them at once within a deadline, so that a slow or hung Prometheus holds back only
+the objects that read from it.
 """
 
 import base64
@@ -21,7 +23,8 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -30,8 +33,15 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pd_operator.adapters.prometheus import PrometheusReader
+from pd_operator.adapters.prometheus import (
+    PrometheusReader,
+    ReadReport,
+    RoleKey,
+    SignalTarget,
+    all_signals,
+)
 from pd_operator.api.spec import SecretKeyRef
+from pd_operator.core.signals import RoleSignals, unavailable
 
 # A Secret a PDDeployment may name must say so: a user who may create PDDeployments must not
 # make the operator read any Secret of the namespace and send it to a URL of their choice.
@@ -44,6 +54,9 @@ SECRET_READ_TIMEOUT_SECONDS = 5
 TOKEN_FIELD = "spec.scaling.prometheus.bearerTokenSecretRef"
 CA_FIELD = "spec.scaling.prometheus.caSecretRef"
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+# Prometheus servers read at once. A hung one holds one thread until its queries time out (it is
+# not read again before), so only more hung servers than this would delay the healthy ones.
+READ_THREADS = 16
 
 
 class CredentialsError(Exception):
@@ -299,6 +312,7 @@ class ReaderFactory(Protocol):
 
 
 ReaderKey = tuple[str, Credentials]
+Read = tuple[dict[RoleKey, RoleSignals], ReadReport]
 
 
 class PrometheusReaders:
@@ -307,6 +321,8 @@ class PrometheusReaders:
     def __init__(self, factory: ReaderFactory = PrometheusReader) -> None:
         self._factory = factory
         self._readers: dict[ReaderKey, tuple[PrometheusReader, str | None]] = {}
+        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="prometheus-read")
+        self._running: dict[ReaderKey, Future[Read]] = {}
 
     def get(self, url: str, credentials: Credentials = NO_CREDENTIALS) -> PrometheusReader:
         """The reader for this URL with these credentials, built on first use."""
@@ -321,6 +337,42 @@ class PrometheusReaders:
             self._readers[key] = (reader, ca_path)
         return self._readers[key][0]
 
+    def read(
+        self,
+        groups: Mapping[ReaderKey, Sequence[SignalTarget]],
+        now: float,
+        deadline_seconds: float,
+    ) -> Iterator[tuple[ReaderKey, dict[RoleKey, RoleSignals], ReadReport]]:
+        """Every group's signals from its Prometheus, all read at once, each yielded as its read
+        ends. A server that does not answer within the deadline, or is still busy with a read
+        of an earlier cycle (which is never started again meanwhile, so a hung server holds one
+        thread, not one more per cycle), gives unavailable signals; its late answer is dropped.
+        """
+        started: dict[Future[Read], ReaderKey] = {}
+        busy: list[ReaderKey] = []
+        for key, targets in groups.items():
+            running = self._running.get(key)
+            if running is not None and not running.done():
+                busy.append(key)
+                continue
+            future = self._pool.submit(self.get(*key).read, targets, now)
+            self._running[key], started[future] = future, key
+        ends = time.monotonic() + deadline_seconds
+        pending = set(started)
+        while pending:
+            done, pending = wait(
+                pending, max(0.0, ends - time.monotonic()), return_when=FIRST_COMPLETED
+            )
+            if not done:
+                break
+            for future in done:
+                key = started[future]
+                yield key, *_outcome(future, key[0], groups[key], now)
+        for key in [*busy, *(started[future] for future in pending)]:
+            reason = f"Prometheus at {key[0]} did not answer within {deadline_seconds:g} s"
+            missing = all_signals(groups[key], now, unavailable(reason))
+            yield key, missing, ReadReport(errors=[reason])
+
     def retain(self, keys: Iterable[ReaderKey]) -> None:
         """Drop every reader not in `keys` (credentials replaced, objects gone) and its CA file."""
         wanted = set(keys)
@@ -330,14 +382,29 @@ class PrometheusReaders:
             if close:
                 close()
             _remove(ca_path)
+        self._running = {
+            key: future
+            for key, future in self._running.items()
+            if key in wanted or not future.done()
+        }
 
     def close(self) -> None:
-        """Drop every reader and CA file."""
+        """Drop every reader and CA file, and stop reading."""
         self.retain(())
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def ca_paths(self) -> list[str]:
         """The CA files in use (for tests and diagnostics)."""
         return [path for _, path in self._readers.values() if path]
+
+
+def _outcome(future: Future[Read], url: str, targets: Sequence[SignalTarget], now: float) -> Read:
+    """A finished read, or unavailable signals when it raised (e.g. its reader was closed)."""
+    try:
+        return future.result()
+    except Exception as error:  # one server's failure must not stop the others' decisions
+        reason = f"Prometheus at {url} unavailable: {error}"
+        return all_signals(targets, now, unavailable(reason)), ReadReport(errors=[reason])
 
 
 def _private_file(content: bytes) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
 
 from pd_operator.adapters import promql
 from pd_operator.core.seasonal import HORIZON_SECONDS, STEP_SECONDS, Season, season_starts
@@ -25,6 +26,9 @@ RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
 QUERY_TIMEOUT_SECONDS = 5
 NO_SERIES = "no series: "  # how an unavailable reading says its query found nothing
 QUERY_THREADS = 4  # queries of one cycle in flight at once
+# A refused connection or a 503 is tried three times within half a second: prometheus-api-client's
+# own backoff (2 s, then 4 s) would outlast the autoscaler's read deadline and hide the cause.
+RETRY = Retry(total=2, backoff_factor=0.2, status_forcelist=(408, 429, 500, 502, 503, 504))
 # The rate window of the demand history seasonal forecasts read (`core.seasonal`).
 SEASON_RATE_WINDOW_SECONDS = 60
 # Signals an engine may lack with nothing misconfigured (prefix caching off, an older
@@ -72,7 +76,7 @@ class PrometheusReader:
         if ca_path:
             session.verify = ca_path
         self._client = PrometheusConnect(
-            url=url, headers=headers, session=session, timeout=timeout_seconds
+            url=url, headers=headers, session=session, timeout=timeout_seconds, retry=RETRY
         )
         self.url = url
         self._pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="prometheus-query")
@@ -112,7 +116,7 @@ class PrometheusReader:
         present = self._query(promql.detection_query(), report)
         if present is None:
             reason = f"Prometheus at {self.url} unavailable: {report.errors[-1]}"
-            return _all(targets, now, unavailable(reason)), report
+            return all_signals(targets, now, unavailable(reason)), report
         names = {series["metric"].get("__name__", "") for series in present}
         signals: dict[RoleKey, RoleSignals] = {}
         for engine in sorted({t.engine for t in targets}):
@@ -120,7 +124,8 @@ class PrometheusReader:
             adapter = promql.detect(names, engine)
             if adapter is None:
                 wanted = ", ".join(a.itl_histogram for a in promql.ADAPTERS[engine])
-                signals |= _all(group, now, unavailable(f"no {engine} latency series ({wanted})"))
+                reading = unavailable(f"no {engine} latency series ({wanted})")
+                signals |= all_signals(group, now, reading)
                 continue
             report.adapters[engine] = adapter.name
             signals |= self._read_engine(adapter, group, now, report)
@@ -290,7 +295,7 @@ def _by_role(result: list[dict[str, Any]], role: str) -> dict[RoleKey, Reading]:
     }
 
 
-def _all(
+def all_signals(
     targets: Iterable[SignalTarget], now: float, reading: Reading
 ) -> dict[RoleKey, RoleSignals]:
     """The same reading for every signal of every target (a failure that hides everything)."""

@@ -75,6 +75,29 @@ class FreeCapacity:
         request = replica_request(pool)
         return sum(self.rooms[i].replicas_fitting(request) for i in self._admitting(pool))
 
+    def holds_one(self, pool: PoolSpec) -> bool:
+        """Some schedulable node the pool admits could hold one replica if it were empty."""
+        request = replica_request(pool)
+        return any(
+            NodeRoom(room.node, _allocatable(room.node)).replicas_fitting(request) > 0
+            for room in (self.rooms[i] for i in self._admitting(pool))
+        )
+
+    def shortage(self, pool: PoolSpec, *, not_ready: int, unschedulable: int) -> str | None:
+        """Why the nodes cannot hold the replicas a pool has now (None: they can), whatever
+        the autoscaler wants: no schedulable node could hold one of its replicas that are not
+        Ready, or the free room cannot take its unschedulable pods."""
+        if not_ready > 0 and not self.holds_one(pool):
+            accelerator = pool.accelerator
+            return (
+                f"no Ready, schedulable node matching its nodeSelector and taints offers "
+                f"{accelerator.per_replica} {accelerator.resource_name} per replica"
+            )
+        room = self.fits(pool) if unschedulable else 0
+        if unschedulable > room:
+            return f"{unschedulable} pod(s) cannot be scheduled, room for {room}"
+        return None
+
     def take(self, pool: PoolSpec, replicas: int) -> "FreeCapacity":
         """The ledger after placing up to `replicas` replicas (as many as fit).
 

@@ -1,7 +1,9 @@
 """What one autoscaling decision reads and returns (see `core.policy.decide`)."""
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_args
 
 from pd_operator.api.spec import Role
 from pd_operator.api.status import LimitedBy
@@ -60,3 +62,71 @@ class Decision:
     def role_replicas(self, role: Role) -> int:
         """Desired replicas of a role, all pools together."""
         return sum(n for (r, _), n in self.replicas.items() if r == role)
+
+
+# The fields of status.lastDecision (`api.status.Decision`).
+LAST_DECISION_FIELDS = ("time", "prefillReplicas", "decodeReplicas", "reason", "limitedBy")
+
+
+@dataclass(frozen=True)
+class ScaleRecord:
+    """A decision that changed a pool's replicas, kept on the pool's Deployment by the apply
+    that changes them: an operator stopped before status reported it finishes it after a
+    restart (status.lastDecision and the ScaledUp/ScaledDown event)."""
+
+    role: Role
+    pool: str
+    from_replicas: int
+    to_replicas: int
+    last_decision: Mapping[str, Any]  # status.lastDecision of that decision
+
+    @property
+    def time(self) -> str:
+        """When it was decided (RFC 3339, as status.lastDecision.time)."""
+        return str(self.last_decision["time"])
+
+    def to_json(self) -> str:
+        """The annotation's compact form."""
+        fields = {
+            "role": self.role,
+            "pool": self.pool,
+            "from": self.from_replicas,
+            "to": self.to_replicas,
+            **self.last_decision,
+        }
+        return json.dumps(fields, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ScaleRecord | None":
+        """Read `to_json`'s form back; None for anything else (a hand-edited annotation)."""
+        try:
+            data = json.loads(text)
+            if data["role"] not in get_args(Role) or not isinstance(data["time"], str):
+                return None
+            return cls(
+                role=data["role"],
+                pool=str(data["pool"]),
+                from_replicas=int(data["from"]),
+                to_replicas=int(data["to"]),
+                last_decision={name: data[name] for name in LAST_DECISION_FIELDS},
+            )
+        except (ValueError, TypeError, KeyError):  # TypeError: not an object
+            return None
+
+
+@dataclass(frozen=True, eq=False)
+class DecidedReplicas(Mapping[PoolKey, int]):
+    """The replicas to apply (a mapping, compared as one), with the record of each pool whose
+    replicas the decision changes."""
+
+    replicas: Mapping[PoolKey, int]
+    records: Mapping[PoolKey, ScaleRecord] = field(default_factory=dict)
+
+    def __getitem__(self, key: PoolKey) -> int:
+        return self.replicas[key]
+
+    def __iter__(self) -> Iterator[PoolKey]:
+        return iter(self.replicas)
+
+    def __len__(self) -> int:
+        return len(self.replicas)

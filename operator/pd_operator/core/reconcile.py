@@ -14,6 +14,7 @@ from typing import Any
 from pd_operator.api import PDDeployment, PoolSpec, Role
 from pd_operator.core import reasons
 from pd_operator.core.children import (
+    LABEL_POOL,
     LABEL_ROLE,
     ROLES,
     Manifest,
@@ -21,6 +22,7 @@ from pd_operator.core.children import (
     child_key,
     desired_children,
 )
+from pd_operator.core.decision import DecidedReplicas
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import NodeSummary
 from pd_operator.core.placement import allocatable, node_admits
@@ -31,6 +33,9 @@ ANNOTATION_SPEC_HASH = "pdoperator.io/spec-hash"
 # The operator's (or the autoscaler's) replica decision, kept on the child so that it survives
 # restarts and a manual `kubectl scale` can be put back.
 ANNOTATION_DESIRED_REPLICAS = "pdoperator.io/desired-replicas"
+# The decision that last changed the pool's replicas (`decision.ScaleRecord`), written by the
+# same apply: a restart between it and the status write still reports the decision.
+ANNOTATION_LAST_SCALE = "pdoperator.io/last-scale"
 
 ChildKey = tuple[str, str, str]  # (apiVersion, kind, name)
 
@@ -147,6 +152,29 @@ def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
     )
 
 
+def _last_scale(
+    decisions: Mapping[PoolKey, int] | None,
+    built: Manifest,
+    actual: Mapping[str, Any] | None,
+) -> dict[str, str]:
+    """The pool Deployment's ANNOTATION_LAST_SCALE: the decision's record when this apply
+    changes the replicas to it, else the one it has (an apply that left it out would drop it)."""
+    labels = built["metadata"]["labels"]
+    records = decisions.records if isinstance(decisions, DecidedReplicas) else {}
+    record = records.get((labels[LABEL_ROLE], labels[LABEL_POOL]))
+    annotations = (actual or {}).get("metadata", {}).get("annotations") or {}
+    replicas = built["spec"]["replicas"]
+    changes = replicas != _int(annotations.get(ANNOTATION_DESIRED_REPLICAS))
+    if record is not None and record.to_replicas == replicas and changes:
+        return {ANNOTATION_LAST_SCALE: record.to_json()}
+    kept = annotations.get(ANNOTATION_LAST_SCALE)
+    return {ANNOTATION_LAST_SCALE: kept} if kept else {}
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
 def _annotate(manifest: Manifest, annotations: Mapping[str, str]) -> Manifest:
     metadata = {**manifest["metadata"]}
     metadata["annotations"] = {**(metadata.get("annotations") or {}), **annotations}
@@ -218,6 +246,7 @@ def plan_children(
         extra = {ANNOTATION_SPEC_HASH: spec_hash(built)}
         if key[1] == "Deployment" and built["metadata"]["labels"].get(LABEL_ROLE) in ROLES:
             extra[ANNOTATION_DESIRED_REPLICAS] = str(built["spec"]["replicas"])
+            extra |= _last_scale(decisions, built, children.get(key))
         manifest = _annotate(built, extra)
         actual = children.get(key)
         if actual is None:

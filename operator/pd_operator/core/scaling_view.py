@@ -8,13 +8,14 @@ autoscaler keeps the results and the reconciler writes them.
 import datetime
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pd_operator.api.spec import PDDeploymentSpec, SeasonalSpec
 from pd_operator.core import reasons
-from pd_operator.core.decision import Decision, Observation
+from pd_operator.core.children import ROLES, PoolKey
+from pd_operator.core.decision import Decision, Observation, ScaleRecord
 from pd_operator.core.reconcile import EventSpec
 from pd_operator.core.signals import Reading, ReadingKind
 from pd_operator.core.status import ConditionSpec, ScalingView
@@ -95,21 +96,43 @@ def scaling_outcome(
     else:
         available = ConditionSpec(reasons.METRICS_AVAILABLE, True, reasons.AS_EXPECTED, "")
     grace = spec.slo.window_seconds + spec.scaling.interval_seconds
-    capacity_short = decision.limited_by == "capacity"
+    capacity = capacity_available(spec, observation, decision)
+    capacity_short = capacity.status is False
     view.conditions = [
         available,
         metrics_configured(missing, observation, no_series, grace, now),
         _slo_met(spec, slo_met),
-        ConditionSpec(
-            reasons.CAPACITY_AVAILABLE,
-            not capacity_short,
-            reasons.CAPACITY_EXHAUSTED if capacity_short else reasons.AS_EXPECTED,
-            decision.reason if capacity_short else "",
-        ),
+        capacity,
     ]
     if spec.scaling.seasonal is not None:
         view.conditions.append(_seasonal_history(spec.scaling.seasonal, observation, bool(missing)))
     return ScalingOutcome(view, slo_met, missing, capacity_short)
+
+
+def capacity_available(
+    spec: PDDeploymentSpec, observation: Observation, decision: Decision
+) -> ConditionSpec:
+    """False when the decision wanted more than the nodes have room for, or when the nodes
+    cannot hold the replicas a pool has now: that needs no metrics, so it stays current while
+    the autoscaler holds for lack of them."""
+    if decision.limited_by == "capacity" or any(p.limited_by == "capacity" for p in decision.pools):
+        return ConditionSpec(
+            reasons.CAPACITY_AVAILABLE, False, reasons.CAPACITY_EXHAUSTED, decision.reason
+        )
+    short = []
+    for role, pool in ((r, p) for r in ROLES for p in spec.pools(r)):
+        seen = observation.pools.get((role, pool.name))
+        if seen is None or observation.capacity is None:
+            continue
+        why = observation.capacity.shortage(
+            pool, not_ready=seen.replicas - seen.ready, unschedulable=seen.unschedulable
+        )
+        if why:
+            short.append(f"{role} pool {pool.name}: {why}")
+    if short:
+        message = "; ".join(short)[:1024]
+        return ConditionSpec(reasons.CAPACITY_AVAILABLE, False, reasons.CAPACITY_EXHAUSTED, message)
+    return ConditionSpec(reasons.CAPACITY_AVAILABLE, True, reasons.AS_EXPECTED, "")
 
 
 def _seasonal_history(
@@ -213,13 +236,15 @@ def _age_seconds(stamp: str | None, now: float) -> float:
     return now - datetime.datetime.fromisoformat(stamp).timestamp()
 
 
-def damp_churn(view: ScalingView, previous: Mapping[str, Any], now: float) -> None:
+def damp_churn(
+    view: ScalingView, previous: Mapping[str, Any], now: float, *, scaled: bool = False
+) -> None:
     """Keep what status already says when nothing that matters changed, so that a steady
-    object costs no status write per cycle: the decision counts when its replicas or its limit
-    change; observed values when they move by more than the tolerance; both at least every
-    REFRESH_SECONDS."""
+    object costs no status write per cycle: the decision counts when it changes a pool's
+    replicas (`scaled`), its role totals or its limit; observed values when they move by more
+    than the tolerance; both at least every REFRESH_SECONDS."""
     old_decision, new_decision = previous.get("lastDecision"), view.last_decision
-    if old_decision and new_decision:
+    if old_decision and new_decision and not scaled:
         same = all(
             old_decision.get(k) == new_decision.get(k)
             for k in ("prefillReplicas", "decodeReplicas", "limitedBy")
@@ -259,11 +284,45 @@ def transition_events(
         condition = next(c for c in view.conditions if c.type == kind)
         if condition.status is False and before.get(kind) != "False":
             events.append(EventSpec("Warning", reason, condition.message))
-    mode = " (advisory)" if advisory else ""
     for (role, pool), desired in decision.replicas.items():
         current = observation.pools[(role, pool)].replicas
         if desired != current:
-            reason = reasons.EVENT_SCALED_UP if desired > current else reasons.EVENT_SCALED_DOWN
-            message = f"{role} pool {pool}: {current} -> {desired}{mode}: {decision.reason}"
-            events.append(EventSpec("Normal", reason, message[:1024]))
+            events.append(
+                scale_event((role, pool), current, desired, decision.reason, advisory=advisory)
+            )
     return events
+
+
+def scale_event(
+    pool: PoolKey, current: int, desired: int, why: str, *, advisory: bool = False
+) -> EventSpec:
+    """The ScaledUp or ScaledDown event of a pool's new replicas."""
+    reason = reasons.EVENT_SCALED_UP if desired > current else reasons.EVENT_SCALED_DOWN
+    mode = " (advisory)" if advisory else ""
+    message = f"{pool[0]} pool {pool[1]}: {current} -> {desired}{mode}: {why}"
+    return EventSpec("Normal", reason, message[:1024])
+
+
+def unreported_scales(recorded: Iterable[str], reported: str | None) -> list[ScaleRecord]:
+    """The scale records kept on the pools' Deployments (`ANNOTATION_LAST_SCALE`) that are newer
+    than `reported`, the time of the last decision status shows or is about to: decisions whose
+    status write and events a stopped operator did not get to. Oldest first."""
+    records = [r for r in map(ScaleRecord.from_json, recorded) if r is not None]
+    newer = [r for r in records if reported is None or r.time > reported]
+    return sorted(newer, key=lambda record: record.time)
+
+
+def finish_scales(
+    previous: Mapping[str, Any], unreported: Sequence[ScaleRecord]
+) -> tuple[Mapping[str, Any], list[EventSpec]]:
+    """Status as if it had reported the newest of `unreported` (what `damp_churn` keeps when
+    the new decision changes nothing), and the events they never got."""
+    events = [
+        scale_event(
+            (r.role, r.pool), r.from_replicas, r.to_replicas, str(r.last_decision["reason"])
+        )
+        for r in unreported
+    ]
+    if unreported:
+        previous = {**previous, "lastDecision": dict(unreported[-1].last_decision)}
+    return previous, events

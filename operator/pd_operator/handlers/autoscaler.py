@@ -1,10 +1,11 @@
 """The autoscaler loop: one cycle serves every due PDDeployment with a few grouped queries.
 
 Each cycle reads the SLO signals of all due objects from Prometheus (grouped queries, tri-state
-results), the free accelerator capacity from the watched nodes and pods, and asks
-`core.policy.decide` for the replicas of every pool. The reconciler applies the decisions (mode
-Active) and writes what the autoscaler saw and decided into status; the autoscaler never writes
-to the API itself, so status has one writer and nothing fights.
+results; every server at once, its objects decided as soon as it answers, or with unavailable
+metrics once the read deadline passed), the free accelerator capacity from the watched nodes and
+pods, and asks `core.policy.decide` for the replicas of every pool. The reconciler applies the
+decisions (mode Active) and writes what the autoscaler saw and decided into status; the
+autoscaler never writes to the API itself, so status has one writer and nothing fights.
 """
 
 import contextlib
@@ -12,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import Gauge
@@ -40,23 +41,38 @@ from pd_operator.adapters.prometheus import (
 )
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, PrometheusSpec
-from pd_operator.core.capacity import free_capacity
+from pd_operator.core.capacity import FreeCapacity, free_capacity
 from pd_operator.core.children import ROLES, PoolKey
-from pd_operator.core.decision import Decision, Observation, PoolObservation
+from pd_operator.core.decision import (
+    DecidedReplicas,
+    Decision,
+    Observation,
+    PoolObservation,
+    ScaleRecord,
+)
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
-from pd_operator.core.reconcile import all_pools, current_replicas
+from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, current_replicas
 from pd_operator.core.scaling_view import (
     ScalingOutcome,
     damp_churn,
+    finish_scales,
     scaling_outcome,
     transition_events,
+    unreported_scales,
 )
 from pd_operator.core.signals import RoleSignals, unavailable
 from pd_operator.core.status import ScalingView
 
 logger = logging.getLogger(__name__)
+
+# A Prometheus that has not answered a cycle's reads within this long gives unavailable metrics
+# for that cycle. Under the 5 s minimum interval less the 1 s tick, so that a hung one never
+# stretches another object's cycle; a healthy one answers the grouped queries for 500 objects
+# in well under a second (docs/benchmarks.md).
+READ_DEADLINE_SECONDS = 3.0
+Due = tuple[ObjectKey, PDDeployment, Snapshot]
 
 
 def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozenset[tuple[str, str]]:
@@ -74,6 +90,29 @@ def _remembered(key: ObjectKey, snapshot: Snapshot) -> PolicyState:
     except (ValueError, AttributeError) as error:  # JSONDecodeError is a ValueError
         logger.warning("%s/%s: status.policyMemory ignored: %s", *key, error)
         return PolicyState()
+
+
+def _recorded_scales(pdd: PDDeployment, snapshot: Snapshot) -> list[str]:
+    """The scale records kept on the object's pool Deployments."""
+    found = []
+    for role, pool in all_pools(pdd):
+        name = deployment_name(pdd.metadata.name, role, pool.name)
+        deployment = snapshot.children.get(("apps/v1", "Deployment", name)) or {}
+        text = (deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_LAST_SCALE)
+        if text:
+            found.append(text)
+    return found
+
+
+def _reported(status: Mapping[str, Any], known: ScalingView | None) -> str | None:
+    """The time of the newest decision status shows, or will once the reconciler writes what
+    this operator decided."""
+    times = [
+        decision["time"]
+        for decision in (status.get("lastDecision"), known.last_decision if known else None)
+        if decision and decision.get("time")
+    ]
+    return max(times, default=None)
 
 
 def _status_fields(view: ScalingView) -> tuple[Any, ...]:
@@ -110,6 +149,7 @@ class Autoscaler:
         allow_link_local: bool = False,
         readers: ReaderFactory = PrometheusReader,
         clock: Callable[[], float] = time.time,
+        read_deadline_seconds: float = READ_DEADLINE_SECONDS,
     ) -> None:
         self.cache = cache
         self.enqueue = enqueue
@@ -119,6 +159,7 @@ class Autoscaler:
         self.allow_link_local = allow_link_local  # for URLs from specs
         self.readers = PrometheusReaders(readers)
         self.clock = clock
+        self.read_deadline_seconds = read_deadline_seconds
         self._lock = threading.Lock()
         self._states: dict[ObjectKey, PolicyState] = {}
         self._last_run: dict[ObjectKey, float] = {}
@@ -169,9 +210,6 @@ class Autoscaler:
         self._parsed[key] = (version, pdd)
         return pdd
 
-    def _reader(self, key: ReaderKey) -> PrometheusReader:
-        return self.readers.get(*key)
-
     def _source(self, namespace: str, pdd: PDDeployment) -> tuple[str | None, Credentials]:
         """The URL and credentials of an object's Prometheus; raises CredentialsError.
 
@@ -196,10 +234,10 @@ class Autoscaler:
         return prometheus.url, secret_credentials(self.secrets, namespace, token_ref, ca_ref)
 
     def cycle(self) -> int:
-        """One pass over every due PDDeployment; returns how many were decided."""
+        """One pass over every due PDDeployment; returns how many were due."""
         began = time.monotonic()
         now = self.clock()
-        due: list[tuple[ObjectKey, PDDeployment, Snapshot]] = []
+        due: list[Due] = []
         keys = self.cache.pdd_keys()
         if len(self._parsed) > len(keys):
             self._drop_deleted(set(keys))
@@ -220,41 +258,56 @@ class Autoscaler:
                 due.append((key, pdd, snapshot))
         if not due:
             return 0
-        signals = self._read(due, now)
         capacity = free_capacity(self.cache.nodes(), self.cache.all_pods())
-        changed: list[ObjectKey] = []
-        for key, pdd, snapshot in due:
-            observation = Observation(
-                signals={role: signals[(key[0], key[1], role)] for role in ROLES},
-                pools=_pool_observations(pdd, snapshot),
-                capacity=capacity,
-            )
-            state = self._states.get(key) or _remembered(key, snapshot)
-            decision = decide(pdd.spec, observation, state, now)
-            if decision is None:
-                continue
-            if self._record(
-                key,
-                pdd=pdd,
-                snapshot=snapshot,
-                observation=observation,
-                decision=decision,
-                now=now,
-            ):
-                changed.append(key)
-        # Only objects with something new to apply or write; one hand-over for all of them.
-        if changed:
-            self.enqueue(changed)
+        for batch, signals in self._read(due, now):
+            changed = [
+                key
+                for key, pdd, snapshot in batch
+                if self._decide(key, pdd, snapshot, signals=signals, capacity=capacity, now=now)
+            ]
+            # Only objects with something new to apply or write; one hand-over per Prometheus,
+            # as soon as it answered.
+            if changed:
+                self.enqueue(changed)
         metrics.DECISION_CYCLE_SECONDS.observe(time.monotonic() - began)
         return len(due)
 
+    def _decide(
+        self,
+        key: ObjectKey,
+        pdd: PDDeployment,
+        snapshot: Snapshot,
+        *,
+        signals: Mapping[RoleKey, RoleSignals],
+        capacity: FreeCapacity,
+        now: float,
+    ) -> bool:
+        """Decide one object; True when there is something new to apply or write."""
+        observation = Observation(
+            signals={role: signals[(key[0], key[1], role)] for role in ROLES},
+            pools=_pool_observations(pdd, snapshot),
+            capacity=capacity,
+        )
+        state = self._states.get(key) or _remembered(key, snapshot)
+        decision = decide(pdd.spec, observation, state, now)
+        if decision is None:
+            return False
+        return self._record(
+            key, pdd=pdd, snapshot=snapshot, observation=observation, decision=decision, now=now
+        )
+
     def _read(
-        self, due: list[tuple[ObjectKey, PDDeployment, Snapshot]], now: float
-    ) -> dict[RoleKey, RoleSignals]:
-        """Grouped reads, one set of queries per Prometheus server and credentials in use."""
-        by_reader: dict[ReaderKey, list[SignalTarget]] = {}
+        self, due: list[Due], now: float
+    ) -> Iterator[tuple[list[Due], dict[RoleKey, RoleSignals]]]:
+        """Grouped reads, one set of queries per Prometheus server and credentials in use, all
+        at once: each server's objects come as soon as it answered (within the read deadline;
+        unavailable after it), the objects without a usable server first."""
+        groups: dict[ReaderKey, list[Due]] = {}
+        targets: dict[ReaderKey, list[SignalTarget]] = {}
+        unread: list[Due] = []
         signals: dict[RoleKey, RoleSignals] = {}
-        for key, pdd, _ in due:
+        for entry in due:
+            key, pdd, _ = entry
             spec = pdd.spec
             seasonal = spec.scaling.seasonal
             target = SignalTarget(
@@ -278,24 +331,30 @@ class Autoscaler:
                     signals[(key[0], key[1], role)] = RoleSignals(
                         sample_time=now, ttft_seconds=missing, itl_seconds=missing
                     )
+                unread.append(entry)
                 continue
             self._sources[key] = ((url, credentials), named)
-            by_reader.setdefault((url, credentials), []).append(target)
+            groups.setdefault((url, credentials), []).append(entry)
+            targets.setdefault((url, credentials), []).append(target)
         live = set(self.cache.pdd_keys())
         self._sources = {k: v for k, v in self._sources.items() if k in live}
-        report = ReadReport()
-        for reader_key, targets in by_reader.items():
-            read, part = self._reader(reader_key).read(targets, now)
-            signals |= read
-            report.queries += part.queries
-            report.errors += part.errors
-            report.failing_queries |= part.failing_queries
         self.readers.retain(k for k, _ in self._sources.values() if k is not None)
         if self.secrets is not None:
             self.secrets.retain(name for _, names in self._sources.values() for name in names)
-        metrics.PROMETHEUS_QUERIES.inc(report.queries)
-        self.last_report = report
-        return signals
+        if unread:
+            yield unread, signals
+        report = ReadReport()
+        try:
+            for reader_key, read, part in self.readers.read(
+                targets, now, self.read_deadline_seconds
+            ):
+                report.queries += part.queries
+                report.errors += part.errors
+                report.failing_queries |= part.failing_queries
+                yield groups[reader_key], read
+        finally:
+            metrics.PROMETHEUS_QUERIES.inc(report.queries)
+            self.last_report = report
 
     def _record(
         self,
@@ -309,7 +368,15 @@ class Autoscaler:
     ) -> bool:
         """Keep what the reconciler should write; True when it differs from the last time."""
         spec = pdd.spec
+        active = spec.scaling.mode == "Active"
         previous_status = snapshot.pdd.get("status") or {}
+        with self._lock:
+            known = self._views.get(key)
+        # Decisions applied by an operator stopped before it wrote status: reported now.
+        unreported = unreported_scales(
+            _recorded_scales(pdd, snapshot), _reported(previous_status, known)
+        )
+        finished, adopted = finish_scales(previous_status, unreported)
         outcome = scaling_outcome(
             spec,
             observation,
@@ -318,12 +385,23 @@ class Autoscaler:
             now=now,
         )
         view = outcome.view
-        damp_churn(view, previous_status, now)
-        view.events = transition_events(
+        steps = {
+            pool_key: (observation.pools[pool_key].replicas, wanted)
+            for pool_key, wanted in decision.replicas.items()
+            if wanted != observation.pools[pool_key].replicas
+        }
+        damp_churn(view, finished, now, scaled=active and bool(steps))
+        view.events = adopted + transition_events(
             previous_status, view, decision, observation, advisory=spec.scaling.mode == "Advisory"
         )
         self._update_metrics(key, spec, outcome, decision, observation)
-        decided = dict(decision.replicas) if spec.scaling.mode == "Active" else None
+        decided: DecidedReplicas | None = None
+        if active:
+            records = {
+                (role, pool): ScaleRecord(role, pool, old, new, dict(view.last_decision or {}))
+                for (role, pool), (old, new) in steps.items()
+            }
+            decided = DecidedReplicas(dict(decision.replicas), records)
         with self._lock:
             previous = self._views.get(key)
             changed = (
