@@ -95,3 +95,18 @@ class RunningOperator:
 
 def writes() -> float:
     return metrics.total_writes()
+
+
+def writes_by_kind() -> dict[tuple[str, str], float]:
+    """(verb, kind) -> writes so far: what a failed zero-writes assertion shows."""
+    return {
+        (sample.labels["verb"], sample.labels["kind"]): sample.value
+        for metric in metrics.API_WRITES.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def new_writes(before: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """The writes made since `before` (from writes_by_kind), by verb and kind."""
+    return {k: v - before.get(k, 0) for k, v in writes_by_kind().items() if v != before.get(k, 0)}

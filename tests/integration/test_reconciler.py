@@ -16,9 +16,11 @@ from kubetools import (
     create_pdd,
     events,
     get_pdd,
+    new_writes,
     patch_pdd,
     wait_for,
     writes,
+    writes_by_kind,
 )
 from pd_operator.handlers.operator import OperatorConfig, OperatorState
 from pdcases import ROOT, load_sample
@@ -283,14 +285,14 @@ def test_restarted_operator_creates_no_duplicates_and_writes_nothing(
         settle(first)
     finally:
         first.stop()
-    before = writes()
+    before = writes_by_kind()
     second = RunningOperator(
         str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
     ).start()
     try:
         time.sleep(3)
         wait_for(second.settled, what="the restarted operator to settle")
-        assert writes() - before == 0
+        assert new_writes(before) == {}
     finally:
         second.stop()
     assert sorted(deployments(api_client, namespace)) == [

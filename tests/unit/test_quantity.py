@@ -7,7 +7,7 @@ from kubernetes.utils import parse_quantity as client_parse_quantity
 
 from pd_operator.core.quantity import parse_quantity, same_quantity
 
-SUFFIXES = ["", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
 digits = st.text("0123456789", min_size=1, max_size=6)
 
 
@@ -52,6 +52,16 @@ def test_anything_else_is_a_value_error_never_a_crash(text):
         ("1Gi", "1073741824", True),
         ("0.11.0", "0.11.1", False),
         (1, "1", True),
+        # The apiserver stores a Quantity at milli precision, rounded up: what it returns for
+        # "0.1m" is "1m", and re-applying on every reconcile would never converge.
+        ("0.1m", "1m", True),
+        ("1.5m", "2m", True),
+        ("0.0001", "1m", True),
+        ("1.5m", "1m", False),
+        # A memory size keeps more precision, written back with a suffix of its own.
+        ("0.0001", "100u", True),
+        ("1.5m", "1500u", True),
+        ("1.5m", "1501u", False),
     ],
 )
 def test_same_quantity_compares_values_and_never_raises(a, b, same):

@@ -7,9 +7,11 @@ import pytest
 
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.children import child_key
+from pd_operator.core.decision import DecidedReplicas, ScaleRecord
 from pd_operator.core.observe import PodSummary, summarize_node
 from pd_operator.core.reconcile import (
     ANNOTATION_DESIRED_REPLICAS,
+    ANNOTATION_LAST_SCALE,
     ANNOTATION_SPEC_HASH,
     is_subset,
     plan_children,
@@ -369,3 +371,44 @@ def test_invalid_stored_spec_stalls_and_keeps_pool_status():
 )
 def test_is_subset(desired, actual, expected):
     assert is_subset(desired, actual) is expected
+
+
+def scale_record(to: int, time: str = NOW) -> ScaleRecord:
+    decided = {"time": time, "prefillReplicas": to, "decodeReplicas": 1,
+               "reason": "TTFT above target", "limitedBy": "none"}  # fmt: skip
+    return ScaleRecord("prefill", "s5000", 1, to, decided)
+
+
+def test_the_apply_that_scales_a_pool_records_the_decision_and_later_ones_keep_it():
+    pdd = hetero()
+    children = applied(plan_children(pdd, {}, []))
+    prefill = ("apps/v1", "Deployment", "glm-hetero-prefill-s5000")
+    assert ANNOTATION_LAST_SCALE not in children[prefill]["metadata"]["annotations"]
+    replicas = {("prefill", "s5000"): 2, ("decode", "h200"): 1}
+    scale = DecidedReplicas(replicas, {("prefill", "s5000"): scale_record(2)})
+    plan = plan_children(pdd, children, [], scale)
+    assert [child_key(m) for m in plan.apply] == [prefill]  # one write: replicas and record
+    annotations = plan.apply[0]["metadata"]["annotations"]
+    assert plan.apply[0]["spec"]["replicas"] == 2
+    assert ScaleRecord.from_json(annotations[ANNOTATION_LAST_SCALE]) == scale_record(2)
+    assert plan.events == []  # a decision, not drift
+    children |= applied(plan)
+    # The same decision handed out again, then decisions that change nothing: no write, and the
+    # record stays (an apply without it would drop it).
+    assert plan_children(pdd, children, [], scale).apply == []
+    assert plan_children(pdd, children, [], replicas).apply == []
+    repeated = DecidedReplicas(replicas, {("prefill", "s5000"): scale_record(2, LATER)})
+    assert plan_children(pdd, children, [], repeated).apply == []
+    children[prefill]["spec"]["replicas"] = 5  # kubectl scale
+    restored = plan_children(pdd, children, [], replicas).apply[0]["metadata"]["annotations"]
+    assert restored[ANNOTATION_LAST_SCALE] == annotations[ANNOTATION_LAST_SCALE]
+
+
+def test_a_huge_invalid_value_gives_a_bounded_condition_message():
+    # The models' error repeats the value; a condition message over 32,768 characters would
+    # make the status write fail, and the object could never show Stalled.
+    status, _ = invalid_spec_status(1, ["spec.model.engine: " + "x" * 40_000], {}, NOW)
+    stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert len(stalled["message"]) == 4096
+    assert stalled["message"].startswith("invalid spec: spec.model.engine: xxx")
+    assert stalled["message"].endswith("more characters)")

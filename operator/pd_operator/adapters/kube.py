@@ -92,6 +92,10 @@ def call_json(
 ) -> dict[str, Any]:
     """One REST call with a JSON (or apply-patch) body; the answer as plain JSON.
     ApiException on anything but 2xx."""
+    if content_type.endswith("yaml") and body is not None:
+        # An apply is parsed as YAML, which has no JSON surrogate pairs: the client's own
+        # json.dumps escapes an emoji as two of them and the apiserver refuses the body.
+        body = json.dumps(body, ensure_ascii=False).encode()
     method, url, headers, payload, _ = api_client.param_serialize(
         method=method,
         resource_path=path,
@@ -215,9 +219,11 @@ class KubeWriter:
         metrics.API_WRITES.labels(verb="delete", kind=kind).inc()
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Replace the PDDeployment's status (we own all of it) with a merge patch."""
+        """Replace the PDDeployment's status whole (we own all of it): a merge patch would keep
+        every key it does not name, so a value that became unknown would stay at its last one."""
         path = object_path(f"{GROUP}/{VERSION}", "PDDeployment", namespace, name) + "/status"
-        self._call("PATCH", path, {"status": dict(status)}, "application/merge-patch+json")
+        replace = [{"op": "add", "path": "/status", "value": dict(status)}]
+        self._call("PATCH", path, replace, "application/json-patch+json")
         metrics.API_WRITES.labels(verb="patch_status", kind="PDDeployment").inc()
 
     def post_event(

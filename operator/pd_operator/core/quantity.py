@@ -1,9 +1,13 @@
 """Kubernetes resource quantities as exact decimals ("500m", "64Gi", "8")."""
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 
 _SUFFIXES = {
+    # n and u are not in the documented grammar, but the apiserver writes them back (a memory
+    # limit of "0.0001" is stored as "100u") and its parser reads them.
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
     "": Decimal(1),
     "m": Decimal("0.001"),
     "k": Decimal(10**3),
@@ -22,7 +26,7 @@ _SUFFIXES = {
 # Kubernetes' grammar: a signed decimal number (digits on at least one side of one point), then
 # a decimal exponent or a suffix.
 _PATTERN = re.compile(
-    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+)?(n|u|m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 )
 
 
@@ -41,11 +45,21 @@ def parse_quantity(text: str | int) -> Decimal:
     return value * _SUFFIXES[suffix or ""]
 
 
+_MILLI = Decimal("0.001")
+
+
 def same_quantity(a: object, b: object) -> bool:
-    """True when both are quantities of equal value (e.g. "1000m" and "1")."""
+    """True when both are quantities of the same value (e.g. "1000m" and "1"), or one is what
+    the apiserver stores for the other: CPU is kept to whole milli-units, rounded up ("0.1m"
+    written is "1m" stored, "1.5m" is "2m")."""
     if not isinstance(a, str | int) or not isinstance(b, str | int):
         return False
     try:
-        return parse_quantity(a) == parse_quantity(b)
+        x, y = parse_quantity(a), parse_quantity(b)
     except ValueError:
         return False
+    return x == y or _milli_ceiling(x) == y or _milli_ceiling(y) == x
+
+
+def _milli_ceiling(value: Decimal) -> Decimal:
+    return value.quantize(_MILLI, rounding=ROUND_CEILING)

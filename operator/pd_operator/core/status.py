@@ -67,8 +67,21 @@ def _condition(
         "observedGeneration": generation,
         "lastTransitionTime": now if changed else before["lastTransitionTime"],  # type: ignore[index]
         "reason": reason,
-        "message": message,
+        "message": bounded_message(message),
     }
+
+
+# metav1.Condition allows 32,768 characters; a message that repeats a huge invalid value (or
+# joins many problems) is cut well before, so the status write is never refused.
+MAX_MESSAGE_LENGTH = 4096
+
+
+def bounded_message(message: str) -> str:
+    """`message`, cut to MAX_MESSAGE_LENGTH characters with a note of how much was left out."""
+    if len(message) <= MAX_MESSAGE_LENGTH:
+        return message
+    note = f" ... ({len(message) - MAX_MESSAGE_LENGTH} more characters)"
+    return message[: MAX_MESSAGE_LENGTH - len(note)] + note
 
 
 def _pool_rolled_out(deployment: Mapping[str, Any] | None, desired: int) -> bool:
