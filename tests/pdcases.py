@@ -297,6 +297,148 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         mutate("spec.router.template", {"shmSize": "1Gi"}),
         "spec.router.template",
     ),
+    # What the apiserver refuses in the pool's Deployment (issue #28's fuzz test found these).
+    (
+        "toleration-keyless-equal",
+        mutate("spec.prefill.pools.0.accelerator.tolerations", [{"effect": "NoSchedule"}]),
+        "spec.prefill.pools[0].accelerator.tolerations[0].operator",
+    ),
+    (
+        "toleration-exists-with-value",
+        mutate(
+            "spec.prefill.pools.0.accelerator.tolerations",
+            [{"key": "k", "operator": "Exists", "value": "v"}],
+        ),
+        "spec.prefill.pools[0].accelerator.tolerations[0].value",
+    ),
+    (
+        "toleration-seconds-without-no-execute",
+        mutate(
+            "spec.prefill.pools.0.accelerator.tolerations",
+            [{"key": "k", "effect": "NoSchedule", "tolerationSeconds": 30}],
+        ),
+        "spec.prefill.pools[0].accelerator.tolerations[0].tolerationSeconds",
+    ),
+    (
+        "toleration-key-not-qualified",
+        mutate(
+            "spec.prefill.pools.0.accelerator.tolerations",
+            [{"key": "bad key!", "operator": "Exists"}],
+        ),
+        "spec.prefill.pools[0].accelerator.tolerations[0].key",
+    ),
+    (
+        "toleration-value-not-label-value",
+        mutate("spec.prefill.pools.0.accelerator.tolerations", [{"key": "k", "value": "a b"}]),
+        "spec.prefill.pools[0].accelerator.tolerations[0].value",
+    ),
+    (
+        "toleration-seconds-over-int64",
+        mutate(
+            "spec.prefill.pools.0.accelerator.tolerations",
+            [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 2**63}],
+        ),
+        "spec.prefill.pools[0].accelerator.tolerations[0].tolerationSeconds",
+    ),
+    (
+        "label-value-with-space",
+        mutate("spec.prefill.pools.0.template", {"labels": {"app": "with space"}}),
+        "spec.prefill.pools[0].template.labels",
+    ),
+    (
+        "node-selector-value-not-ascii",
+        mutate("spec.prefill.pools.0.accelerator.nodeSelector", {"k": "模型"}),
+        "spec.prefill.pools[0].accelerator.nodeSelector",
+    ),
+    (
+        "node-selector-value-leading-dash",
+        mutate("spec.prefill.pools.0.accelerator.nodeSelector", {"k": "-a"}),
+        "spec.prefill.pools[0].accelerator.nodeSelector",
+    ),
+    (
+        "label-key-name-over-63",
+        mutate("spec.prefill.pools.0.template", {"labels": {"a" * 64: "v"}}),
+        "spec.prefill.pools[0].template.labels",
+    ),
+    (
+        "annotation-key-name-over-63",
+        mutate("spec.router.template", {"annotations": {"example.com/" + "n" * 64: "v"}}),
+        "spec.router.template.annotations",
+    ),
+    (
+        "node-selector-key-prefix-over-253",
+        mutate("spec.prefill.pools.0.accelerator.nodeSelector", {"a" * 250 + ".com/x": "v"}),
+        "spec.prefill.pools[0].accelerator.nodeSelector",
+    ),
+    (
+        "resource-name-part-over-63",
+        mutate("spec.prefill.pools.0.accelerator.resourceName", "example.com/" + "g" * 64),
+        "spec.prefill.pools[0].accelerator.resourceName",
+    ),
+    (
+        "resource-name-without-domain",
+        mutate("spec.prefill.pools.0.accelerator.resourceName", "gpu"),
+        "spec.prefill.pools[0].accelerator.resourceName",
+    ),
+    (
+        "resource-name-quota-prefix",
+        mutate("spec.prefill.pools.0.accelerator.resourceName", "requests.example.com/gpu"),
+        "spec.prefill.pools[0].accelerator.resourceName",
+    ),
+    (
+        "requests-over-limits",
+        mutate(
+            "spec.decode.pools.0.template",
+            {"resources": {"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}},
+        ),
+        "spec.decode.pools[0].template.resources",
+    ),
+    (
+        "router-requests-over-limits",
+        mutate(
+            "spec.router.template",
+            {"resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "1024Mi"}}},
+        ),
+        "spec.router.template.resources",
+    ),
+    (
+        "priority-class-not-dns",
+        mutate("spec.prefill.pools.0.template", {"priorityClassName": "UPPER"}),
+        "spec.prefill.pools[0].template.priorityClassName",
+    ),
+    (
+        "service-account-not-dns",
+        mutate("spec.prefill.pools.0.template", {"serviceAccountName": "under_score"}),
+        "spec.prefill.pools[0].template.serviceAccountName",
+    ),
+    (
+        "schedule-without-floors",
+        mutate("spec.scaling.schedules", [{"name": "s", "start": "09:00", "end": "18:00"}]),
+        "spec.scaling.schedules[0]",
+    ),
+    (
+        "schedule-with-empty-floors",
+        mutate("spec.scaling.schedules", [schedule(prefill={})]),
+        "spec.scaling.schedules[0]",
+    ),
+    (
+        "router-service-account-empty",
+        mutate("spec.router.template", {"serviceAccountName": ""}),
+        "spec.router.template",
+    ),
+    (
+        "env-duplicate-names",
+        mutate(
+            "spec.decode.pools.0.template",
+            {"env": [{"name": "X", "value": "1"}, {"name": "X", "value": "2"}]},
+        ),
+        "spec.decode.pools[0].template.env",
+    ),
+    (
+        "image-pull-secrets-repeated",
+        mutate("spec.router.template", {"imagePullSecrets": ["regcred", "regcred"]}),
+        "spec.router.template.imagePullSecrets",
+    ),
 ]
 
 

@@ -2,6 +2,7 @@
 
 import copy
 import re
+from decimal import Decimal
 from typing import Any
 
 import jsonschema
@@ -11,7 +12,7 @@ import yaml
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.api.crd import render_crd
 from pd_operator.api.reference import render_reference
-from pd_operator.api.types import INTEGER_LITERAL_MESSAGE
+from pd_operator.api.types import INTEGER_LITERAL_MESSAGE, quantity_value
 from pdcases import CRD_PATH, INVALID, ROOT, SAMPLES, load_sample, minimal, mutate, schedule
 from schema_tools import apply_defaults, crd_schema, normalise, strict
 
@@ -34,6 +35,24 @@ NEEDS_APISERVER = {
     "router-replicas-whole-float",
     "schedule-floor-whole-float",
     "scale-down-window-whole-float",
+    # The pod rules on a toleration's fields together, map keys, quantities, schedules' floors,
+    # and list-map and set uniqueness: CEL and list types.
+    "toleration-keyless-equal",
+    "toleration-exists-with-value",
+    "toleration-seconds-without-no-execute",
+    "label-key-name-over-63",
+    "annotation-key-name-over-63",
+    "node-selector-key-prefix-over-253",
+    "resource-name-quota-prefix",
+    "requests-over-limits",
+    "router-requests-over-limits",
+    "schedule-without-floors",
+    "schedule-with-empty-floors",
+    "router-service-account-empty",
+    "env-duplicate-names",
+    "image-pull-secrets-repeated",
+    # The apiserver decodes a number over int64 as a float; jsonschema reads it as an integer.
+    "toleration-seconds-over-int64",
 }
 
 
@@ -305,3 +324,89 @@ def test_name_rules_report_at_metadata_name():
         "metadata.name: metadata.name must be at most 63 characters: child objects and their "
         "labels carry it"
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("spec.router", "router"),
+        ("spec.model.engine", "engine"),
+        ("spec.prefill.pools.0.replicas.max", "max"),
+    ],
+)
+def test_a_null_in_a_typed_field_reads_as_absent_as_the_apiserver_stores_it(path, field):
+    # `key:` with nothing after it in YAML; the apiserver prunes it and defaults the field.
+    assert parse_pddeployment(mutate(path, None)) == parse_pddeployment(minimal()), field
+
+
+@pytest.mark.parametrize(
+    ("requests", "limits"),
+    [
+        ({"cpu": "1000m", "memory": "1Gi"}, {"cpu": "1", "memory": "1024Mi"}),
+        ({"cpu": "500m"}, {"cpu": "2", "memory": "1Gi"}),
+        ({"cpu": "4"}, {"memory": "1Gi"}),
+        # Both are one nano-unit once parsed: the apiserver rounds up to it.
+        ({"cpu": "0.0000000002"}, {"cpu": "0.000000001"}),
+    ],
+)
+def test_requests_at_most_their_limits_in_any_spelling_are_accepted(requests, limits):
+    document = mutate(
+        "spec.decode.pools.0.template", {"resources": {"requests": requests, "limits": limits}}
+    )
+    parse_pddeployment(document)
+    assert schema_errors(document) == []
+
+
+def test_quantities_compare_as_the_apiserver_parses_them():
+    assert quantity_value("1.5Gi") == 1536 * 2**20
+    assert quantity_value("1000m") == quantity_value("1") == 1
+    assert quantity_value("0.0000000001") == Decimal("1e-9")
+    with pytest.raises(ValueError, match="not a quantity"):
+        quantity_value("1e3")
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [
+        {"operator": "Exists"},
+        {"key": "", "operator": "Exists"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "k", "value": "v", "effect": "PreferNoSchedule"},
+        {"key": "k", "operator": "Equal", "value": ""},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "tolerationSeconds": 30},
+        {"key": "k", "effect": "NoExecute", "tolerationSeconds": 2**63 - 1},
+    ],
+)
+def test_tolerations_a_pod_takes_are_accepted(toleration):
+    document = mutate("spec.prefill.pools.0.accelerator.tolerations", [toleration])
+    parse_pddeployment(document)
+    assert schema_errors(document) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fix"),
+    [
+        ("spec.prefill.pools.0.accelerator.resourceName", "gpu", "such as nvidia.com/gpu"),
+        (
+            "spec.prefill.pools.0.accelerator.tolerations",
+            [{"effect": "NoSchedule"}],
+            "set operator Exists, or a key",
+        ),
+        ("spec.prefill.pools.0.template", {"labels": {"app": "a b"}}, "must be a label value"),
+        ("spec.prefill.pools.0.template", {"labels": {"n" * 64: "v"}}, "a name of at most 63"),
+        ("spec.prefill.pools.0.template", {"priorityClassName": "High"}, "such as high-priority"),
+    ],
+)
+def test_what_a_pod_would_refuse_is_refused_saying_what_to_write(path, value, fix):
+    with pytest.raises(InvalidSpecError) as raised:
+        parse_pddeployment(mutate(path, value))
+    (problem,) = raised.value.problems
+    assert fix in problem
+
+
+def test_map_keys_are_checked_by_their_type_s_own_rules_at_admission():
+    # A qualified name's prefix is bounded by a rule of the key type; maps carry it per key.
+    template = crd_schema()["properties"]["spec"]["properties"]["router"]["properties"]["template"]
+    for name in ("labels", "annotations"):
+        (rule,) = template["properties"][name]["x-kubernetes-validations"]
+        assert rule["rule"].endswith("&& k.indexOf('/') <= 253)")

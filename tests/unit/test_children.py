@@ -172,7 +172,12 @@ def test_tolerations_use_core_v1_fields_and_omit_unset_ones():
             "resourceName": "mthreads.com/gpu",
             "tolerations": [
                 {"key": "mthreads.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                {"key": "maintenance", "value": "soon", "tolerationSeconds": 300},
+                {
+                    "key": "maintenance",
+                    "value": "soon",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
             ],
         },
     }
@@ -182,7 +187,13 @@ def test_tolerations_use_core_v1_fields_and_omit_unset_ones():
     ]
     assert tolerations == [
         {"key": "mthreads.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-        {"key": "maintenance", "operator": "Equal", "value": "soon", "tolerationSeconds": 300},
+        {
+            "key": "maintenance",
+            "operator": "Equal",
+            "value": "soon",
+            "effect": "NoExecute",
+            "tolerationSeconds": 300,
+        },
     ]
 
 
@@ -483,6 +494,13 @@ def test_pool_pods_pass_pod_security_baseline_and_all_of_restricted_but_the_user
     # Most engine images run as root: runAsNonRoot is the user's to set.
     assert "runAsNonRoot" not in json.dumps(pod)
     assert "privileged" not in json.dumps(pod) and "hostPath" not in json.dumps(pod)
+
+
+def test_a_privileged_container_drops_our_no_escalation_which_the_apiserver_refuses_beside_it():
+    pod = pool_pod({"containerSecurityContext": {"privileged": True}})
+    context = pod["containers"][0]["securityContext"]
+    assert context["privileged"] is True and "allowPrivilegeEscalation" not in context
+    assert context["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_template_security_contexts_merge_over_ours_key_by_key():

@@ -7,6 +7,7 @@ the Kubernetes extensions that the models carry copied through.
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,16 +25,21 @@ from pd_operator.api.document import (
 )
 from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.api.status import PDDeploymentStatus
-from pd_operator.api.types import DNS_LABEL_PATTERN, QUALIFIED_NAME_PATTERN
+from pd_operator.api.types import (
+    DNS_LABEL_PATTERN,
+    QUALIFIED_NAME_PATTERN,
+    QUALIFIED_NAME_RULES,
+)
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
 
-# Keys of pydantic's JSON schema that a structural schema does not accept.
 # What a map's keys must be, in words, by the pattern they must match.
 KEY_MESSAGES = {
-    QUALIFIED_NAME_PATTERN: "keys must be qualified names such as example.com/name",
+    QUALIFIED_NAME_PATTERN: f"keys must be qualified names such as example.com/name: "
+    f"{QUALIFIED_NAME_RULES}",
     DNS_LABEL_PATTERN: "keys must be pool names: lowercase DNS labels such as s5000",
 }
+# Keys of pydantic's JSON schema that a structural schema does not accept.
 DROPPED_KEYS = {"title", "additionalProperties", "patternProperties", "propertyNames", "$defs"}
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
@@ -122,11 +128,18 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
     additional = node.get("additionalProperties")
     if "patternProperties" in node:  # a dict with constrained keys
         ((key_pattern, additional),) = node["patternProperties"].items()
-        key_limit = node.get("propertyNames", {}).get("maxLength", 317)
+        key_schema = node.get("propertyNames", {})
+        key_limit = key_schema.get("maxLength", 317)
+        # The key type's own rules, over `self`, become conditions on each key `k`.
+        key_rules = [
+            re.sub(r"\bself\b", "k", rule["rule"])
+            for rule in key_schema.get("x-kubernetes-validations", [])
+        ]
+        conditions = [f"k.size() <= {key_limit}", f"k.matches(r'{key_pattern}')", *key_rules]
         rules = out.setdefault("x-kubernetes-validations", [])
         rules.append(
             {
-                "rule": f"self.all(k, k.size() <= {key_limit} && k.matches(r'{key_pattern}'))",
+                "rule": f"self.all(k, {' && '.join(conditions)})",
                 "message": KEY_MESSAGES.get(
                     key_pattern, f"keys must match {key_pattern}, at most {key_limit} characters"
                 ),

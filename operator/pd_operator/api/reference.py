@@ -39,7 +39,16 @@ def _limits(node: dict[str, Any]) -> str:
             parts.append(f"{label} {node[key]}")
     if "enum" in node:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
-    parts += [f"rule: {r['message']}" for r in node.get("x-kubernetes-validations", [])]
+    list_type = node.get("x-kubernetes-list-type")
+    if list_type == "set":
+        parts.append("items unique")
+    elif list_type == "map":
+        parts.append("unique by " + ", ".join(node["x-kubernetes-list-map-keys"]))
+    # An array's own rules, then those of each item (an item has no row of its own).
+    rules = [*node.get("x-kubernetes-validations", [])]
+    if isinstance(node.get("items"), dict):
+        rules += node["items"].get("x-kubernetes-validations", [])
+    parts += [f"rule: {r['message']}" for r in rules]
     return "; ".join(parts)
 
 

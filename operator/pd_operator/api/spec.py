@@ -26,18 +26,23 @@ from pydantic.alias_generators import to_camel
 from pd_operator.api.types import (
     DNS_LABEL_PATTERN,
     ENV_NAME_PATTERN,
+    INT64,
     INTEGER_LITERAL,
     INTEGER_LITERAL_RULE,
     WHOLE_NUMBER,
     LabelKey,
     LabelValue,
     Milliseconds,
+    ObjectName,
     PoolName,
     Quantity,
+    ResourceName,
     RuleReplicas,
     RuleSeconds,
     Seconds,
     ShortText,
+    TaintKey,
+    quantity_value,
 )
 
 JsonDict = dict[str, JsonValue]
@@ -81,6 +86,16 @@ class SpecModel(BaseModel):
         extra="forbid",
         frozen=True,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        # The apiserver prunes a null from a typed field before defaulting (YAML's `key:` with
+        # nothing after it): read it as absent, as the stored object will have it. Nulls inside
+        # free-form objects (a securityContext key) are kept: they mean something there.
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 class ModelSpec(SpecModel):
@@ -146,20 +161,93 @@ class SLOSpec(SpecModel):
     )
 
 
-class Toleration(SpecModel):
-    """A pod toleration (the core/v1 Toleration shape)."""
+KEYLESS_TOLERATION_MESSAGE = (
+    "a toleration without a key must have operator Exists (it then tolerates every taint): "
+    "set operator Exists, or a key"
+)
+EXISTS_VALUE_MESSAGE = (
+    "value must be empty when operator is Exists (it tolerates every value of the key): "
+    "remove the value, or use operator Equal"
+)
+TOLERATION_SECONDS_MESSAGE = (
+    "tolerationSeconds applies only to effect NoExecute: set effect NoExecute, or remove "
+    "tolerationSeconds"
+)
 
-    key: Annotated[StrictStr, Field(max_length=317)] | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: LabelValue | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: Annotated[int, Field(ge=0), WHOLE_NUMBER] | None = None
+
+class Toleration(SpecModel):
+    """A pod toleration (the core/v1 Toleration shape, checked as the apiserver checks a pod's)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.operator == 'Exists' || (has(self.key) && self.key != '')",
+                    KEYLESS_TOLERATION_MESSAGE,
+                    ".operator",
+                ),
+                cel(
+                    "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                    EXISTS_VALUE_MESSAGE,
+                    ".value",
+                ),
+                cel(
+                    "!has(self.tolerationSeconds) || "
+                    "(has(self.effect) && self.effect == 'NoExecute')",
+                    TOLERATION_SECONDS_MESSAGE,
+                    ".tolerationSeconds",
+                ),
+            ]
+        }
+    )
+
+    key: TaintKey | None = Field(
+        None, description="Taint key tolerated; empty, with operator Exists, tolerates every taint."
+    )
+    operator: Literal["Exists", "Equal"] = Field(
+        "Equal",
+        validate_default=True,
+        description="Equal matches the value; Exists matches every value of the key.",
+    )
+    value: LabelValue | None = Field(None, description="Taint value matched by operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect tolerated; every effect when absent."
+    )
+    toleration_seconds: (
+        Annotated[int, Field(ge=0, json_schema_extra=INTEGER_LITERAL_RULE), INTEGER_LITERAL, INT64]
+        | None
+    ) = Field(
+        None,
+        description="Seconds a NoExecute taint is tolerated before the pod is evicted; forever "
+        "when absent.",
+    )
+
+    @field_validator("operator")
+    @classmethod
+    def _keyless_tolerates_all(cls, operator: str, info: ValidationInfo) -> str:
+        if operator == "Equal" and "key" in info.data and not info.data["key"]:
+            raise ValueError(KEYLESS_TOLERATION_MESSAGE)
+        return operator
+
+    @field_validator("value")
+    @classmethod
+    def _exists_has_no_value(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value and info.data.get("operator") == "Exists":
+            raise ValueError(EXISTS_VALUE_MESSAGE)
+        return value
+
+    @field_validator("toleration_seconds")
+    @classmethod
+    def _seconds_only_for_no_execute(cls, seconds: int | None, info: ValidationInfo) -> int | None:
+        if seconds is not None and "effect" in info.data and info.data["effect"] != "NoExecute":
+            raise ValueError(TOLERATION_SECONDS_MESSAGE)
+        return seconds
 
 
 class AcceleratorSpec(SpecModel):
     """Where a pool's replicas run and which accelerator resource each one takes."""
 
-    resource_name: Annotated[LabelKey, Field(max_length=253)] = Field(
+    resource_name: ResourceName = Field(
         description="Extended resource of the accelerator, e.g. mthreads.com/gpu or nvidia.com/gpu."
     )
     per_replica: Annotated[int, Field(ge=1, le=64), WHOLE_NUMBER] = Field(
@@ -220,11 +308,47 @@ class ResourceAmounts(SpecModel):
     memory: Quantity | None = None
 
 
+def _request_within_limit(resource: str) -> JsonDict:
+    requested, limit = f"self.requests.{resource}", f"self.limits.{resource}"
+    return cel(
+        f"!has(self.requests) || !has(self.limits) || !has({requested}) || !has({limit}) || "
+        f"quantity({requested}).compareTo(quantity({limit})) <= 0",
+        f"requests.{resource} must be at most limits.{resource}: a container may not request "
+        "more than its limit",
+        f".requests.{resource}",
+    )
+
+
 class ContainerResources(SpecModel):
     """Requests and limits of the engine container, besides the accelerator."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _request_within_limit("cpu"),
+                _request_within_limit("memory"),
+            ]
+        }
+    )
+
     requests: ResourceAmounts | None = None
     limits: ResourceAmounts | None = None
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> "ContainerResources":
+        if self.requests is None or self.limits is None:
+            return self
+        for resource in ("cpu", "memory"):
+            requested = getattr(self.requests, resource)
+            limit = getattr(self.limits, resource)
+            if requested is None or limit is None:
+                continue
+            if quantity_value(requested) > quantity_value(limit):
+                raise ValueError(
+                    f"requests.{resource} must be at most limits.{resource}: a container "
+                    f"may not request more than its limit ({requested} > {limit})"
+                )
+        return self
 
 
 PASSTHROUGH_OBJECT: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
@@ -247,7 +371,9 @@ class PodTemplateOverrides(SpecModel):
         dict[LabelKey, Annotated[StrictStr, Field(max_length=4096)]], Field(max_length=32)
     ] = Field(default_factory=dict, description="Extra pod annotations.")
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
-        default_factory=list, description="Extra environment variables of the engine container."
+        default_factory=list,
+        description="Extra environment variables of the engine container.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: ContainerResources | None = Field(
         None, description="CPU and memory requests and limits of the engine container."
@@ -255,13 +381,20 @@ class PodTemplateOverrides(SpecModel):
     scheduler_name: ShortText | None = Field(
         None, description="Scheduler for the pods, e.g. pd-mock-scheduler in simulated clusters."
     )
-    service_account_name: ShortText | None = None
-    priority_class_name: ShortText | None = None
+    service_account_name: ObjectName | None = Field(
+        None,
+        description="ServiceAccount the pods run as; the namespace's default when absent. Not "
+        "for the router, which runs as its own.",
+    )
+    priority_class_name: ObjectName | None = Field(
+        None, description="PriorityClass of the pods, e.g. to preempt batch work."
+    )
     image_pull_secrets: Annotated[
         list[Annotated[StrictStr, Field(min_length=1, max_length=253)]], Field(max_length=8)
     ] = Field(
         default_factory=list,
         description="Names of Secrets in the PDDeployment's namespace to pull the images with.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     affinity: Passthrough | None = Field(
         None,
@@ -296,6 +429,20 @@ class PodTemplateOverrides(SpecModel):
         "key over the operator's (allowPrivilegeEscalation false, capabilities drop ALL), e.g. "
         "capabilities.add [IPC_LOCK].",
     )
+
+    # The child's server-side apply merges env by name and pull secrets by name: a repeated one
+    # makes every apply of it fail.
+    @field_validator("env")
+    @classmethod
+    def _unique_env(cls, env: list[EnvVar]) -> list[EnvVar]:
+        _check_unique([var.name for var in env], "env name")
+        return env
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _unique_pull_secrets(cls, names: list[str]) -> list[str]:
+        _check_unique(names, "imagePullSecrets name")
+        return names
 
 
 # Tensor-parallel engines pass activations between their ranks through /dev/shm (NCCL, vLLM's
@@ -484,8 +631,23 @@ TIME_ZONE_PATTERN = r"^[A-Za-z][-+_A-Za-z0-9]*(/[A-Za-z0-9][-+_A-Za-z0-9]*)*$"
 TimeZone = Annotated[StrictStr, Field(min_length=1, max_length=64, pattern=TIME_ZONE_PATTERN)]
 
 
+NO_FLOOR_MESSAGE = "a schedule needs a floor: prefill or decode replicas by pool name"
+
+
 class ScheduleSpec(SpecModel):
     """A recurring window in which pools keep at least some replicas: a known peak, pre-warmed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.prefill) && self.prefill.size() > 0) || "
+                    "(has(self.decode) && self.decode.size() > 0)",
+                    NO_FLOOR_MESSAGE,
+                )
+            ]
+        }
+    )
 
     name: Annotated[StrictStr, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)] = (
         Field(description="Schedule name, unique (a DNS label); decisions it holds name it.")
@@ -538,7 +700,7 @@ class ScheduleSpec(SpecModel):
     @model_validator(mode="after")
     def _some_floor(self) -> "ScheduleSpec":
         if not self.prefill and not self.decode:
-            raise ValueError("a schedule needs a floor: prefill or decode replicas by pool name")
+            raise ValueError(NO_FLOOR_MESSAGE)
         return self
 
 
@@ -743,7 +905,7 @@ class RouterSpec(SpecModel):
     def _own_service_account(
         cls, template: PodTemplateOverrides | None
     ) -> PodTemplateOverrides | None:
-        if template is not None and template.service_account_name:
+        if template is not None and template.service_account_name is not None:
             raise ValueError(
                 "router.template.serviceAccountName cannot be set: the router runs as its own "
                 "ServiceAccount, whose Role lets it watch pods"

@@ -134,7 +134,11 @@ def merge_over(ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> dic
 
 def container_security_context(template: PodTemplateOverrides) -> dict[str, Any]:
     """The container securityContext: ours, with the template's merged over it."""
-    return merge_over(CONTAINER_SECURITY_CONTEXT, template.container_security_context)
+    ours = dict(CONTAINER_SECURITY_CONTEXT)
+    if (template.container_security_context or {}).get("privileged") is True:
+        # A privileged container escalates by definition: the apiserver refuses ours beside it.
+        ours.pop("allowPrivilegeEscalation", None)
+    return merge_over(ours, template.container_security_context)
 
 
 def _resources(pool: PoolSpec, template: PodTemplateOverrides) -> dict[str, Any]:
