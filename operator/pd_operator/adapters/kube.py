@@ -167,31 +167,43 @@ class KubeWriter:
         return self._own_as_applier(created, f"{collection}/{meta['name']}")
 
     def _own_as_applier(self, created: dict[str, Any], path: str) -> dict[str, Any]:
-        entries = created["metadata"].get("managedFields") or []
-        ours = [
-            index
-            for index, entry in enumerate(entries)
-            if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Update"
-        ]
-        if not ours:
-            return created
-        index = ours[0]
-        at = f"/metadata/managedFields/{index}"
-        patch = [
-            {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
-            {"op": "test", "path": f"{at}/operation", "value": "Update"},
-            {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
-        ]
-        try:
-            result = self._call("PATCH", path, patch, "application/json-patch+json")
-        except ApiException as error:
-            # Another writer reordered the entries first: the next apply still converges the
-            # fields; only a field later dropped from the spec would linger.
-            if error.status not in (404, 409, 422):
-                raise
-            return created
-        metrics.API_WRITES.labels(verb="patch", kind=created.get("kind", "")).inc()
-        return result
+        current = created
+        # A controller writing status in between (a Deployment's, at once) reorders the
+        # entries and fails the patch's test: read the object again and retry.
+        for _ in range(3):
+            entries = current["metadata"].get("managedFields") or []
+            ours = [
+                index
+                for index, entry in enumerate(entries)
+                if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Update"
+            ]
+            if not ours:
+                return current
+            at = f"/metadata/managedFields/{ours[0]}"
+            patch = [
+                {"op": "test", "path": "/metadata/uid", "value": created["metadata"]["uid"]},
+                {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
+                {"op": "test", "path": f"{at}/operation", "value": "Update"},
+                {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
+            ]
+            try:
+                result = self._call("PATCH", path, patch, "application/json-patch+json")
+            except ApiException as error:
+                if error.status not in (409, 422):
+                    raise
+                meta = created["metadata"]
+                found = self.find(
+                    created["apiVersion"], created["kind"], meta["namespace"], meta["name"]
+                )
+                if found is None or found["metadata"].get("uid") != meta["uid"]:
+                    return created  # gone or replaced since: nothing of ours to fix
+                current = found
+                continue
+            metrics.API_WRITES.labels(verb="patch", kind=created.get("kind", "")).inc()
+            return result
+        # Still contended: the next apply converges the fields; only one later dropped from
+        # the spec would linger.
+        return current
 
     def find(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object of that name, or None: a list by name, as the operator may list but not
