@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes import client, config
 
+from kubetools import RunningOperator
 from pd_operator.localcluster import (
     ExistingCluster,
     LocalCluster,
@@ -88,3 +89,13 @@ def namespace(api_client: client.ApiClient) -> Iterator[str]:
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture
+def operator(cluster: LocalCluster, namespace: str) -> Iterator[RunningOperator]:
+    """The operator watching only this test's namespace, so that writes are counted per test."""
+    running = RunningOperator(
+        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
+    ).start()
+    yield running
+    running.stop()

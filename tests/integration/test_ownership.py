@@ -9,7 +9,6 @@ import copy
 import logging
 import time
 
-import pytest
 from kubernetes import client
 from prometheus_client import REGISTRY
 
@@ -25,15 +24,6 @@ from kubetools import (
 )
 from pd_operator.core.naming import deployment_name
 from pdcases import minimal
-
-
-@pytest.fixture
-def operator(cluster, namespace):
-    running = RunningOperator(
-        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
-    ).start()
-    yield running
-    running.stop()
 
 
 def pdd(name: str, prefill: str = "p", decode: str = "d") -> dict:

@@ -3,24 +3,14 @@ PodSecurity plugin; pods are created but never run: the local cluster has no kub
 
 import copy
 
-import pytest
 from kubernetes import client
 
-from kubetools import RunningOperator, condition, create_pdd, get_pdd, patch_pdd, wait_for
+from kubetools import condition, create_pdd, get_pdd, patch_pdd, wait_for
 from pdcases import minimal
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 # What a user adds for `restricted` when the images allow it: any non-root uid.
 NON_ROOT = {"runAsNonRoot": True, "runAsUser": 1000}
-
-
-@pytest.fixture
-def operator(cluster, namespace):
-    running = RunningOperator(
-        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
-    ).start()
-    yield running
-    running.stop()
 
 
 def enforce(api_client, namespace: str, level: str) -> None:

@@ -29,16 +29,6 @@ HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yam
 SPILLOVER = load_sample(ROOT / "config" / "samples" / "multipool-spillover.yaml")
 
 
-@pytest.fixture
-def operator(cluster, namespace):
-    """The operator watching only this test's namespace, so that writes are counted per test."""
-    running = RunningOperator(
-        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
-    ).start()
-    yield running
-    running.stop()
-
-
 # The pools' children; the router's (tests/integration/test_serving.py) are left out.
 POOLS = "pdoperator.io/role in (prefill,decode)"
 
