@@ -59,7 +59,7 @@ test: install ## Everything: installs dependencies and the test environment, the
 .PHONY: manifests
 manifests: install ## Regenerate the CRD in crds/ (and the chart's copy) and docs/api.md from the pydantic models
 	$(BIN)/python -m pd_operator.api.crd crds
-	cp crds/*.yaml charts/pd-operator/crds/
+	cp crds/*.yaml charts/pd-operator/files/crds/
 	$(BIN)/python -m pd_operator.api.reference docs/api.md
 
 .PHONY: verify

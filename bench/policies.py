@@ -32,7 +32,7 @@ from pathlib import Path
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec
-from pd_operator.cli.arguments import non_negative, positive
+from pd_operator.cli.arguments import NON_NEGATIVE, POSITIVE
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_operator.sim.engine import ROUTINGS
 from pd_operator.sim.offline import (
@@ -148,11 +148,11 @@ def header(spec: PDDeploymentSpec, warmup: float, rate_scale: float, windows: li
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", nargs="*", type=Path)
-    parser.add_argument("--start", type=non_negative, default=0.0)
-    parser.add_argument("--duration", type=positive, default=600.0)
+    parser.add_argument("--start", type=NON_NEGATIVE.for_argparse, default=0.0)
+    parser.add_argument("--duration", type=POSITIVE.for_argparse, default=600.0)
     parser.add_argument(
         "--warmup",
-        type=non_negative,
+        type=NON_NEGATIVE.for_argparse,
         default=300.0,
         help="seconds replayed before the window, uncounted (0: every policy starts cold)",
     )
@@ -163,9 +163,9 @@ def main() -> int:
         help="the SLO percentile of the example deployment (P99 matches '>= 99%% of requests')",
     )
     parser.add_argument(
-        "--rate-scale", type=positive, default=1.0, help="multiply each trace's rate"
+        "--rate-scale", type=POSITIVE.for_argparse, default=1.0, help="multiply each trace's rate"
     )
-    parser.add_argument("--servegen-rps", type=positive, default=20.0)
+    parser.add_argument("--servegen-rps", type=POSITIVE.for_argparse, default=20.0)
     parser.add_argument(
         "--seed",
         type=int,

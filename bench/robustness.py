@@ -40,7 +40,7 @@ from typing import Any
 from policies import ATTAINMENT_TARGET, ORACLE_RATIO_TARGET, rivals_against
 from windows import RIVALS
 
-from pd_operator.cli.arguments import positive
+from pd_operator.cli.arguments import POSITIVE
 from pd_operator.sim.families import Scenario, draw_scenarios, examples
 from pd_operator.sim.offline import SimResult, simulate
 
@@ -133,7 +133,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scenarios", type=int, default=40)
-    parser.add_argument("--duration", type=positive, default=900.0, help="measured seconds")
+    parser.add_argument(
+        "--duration", type=POSITIVE.for_argparse, default=900.0, help="measured seconds"
+    )
     parser.add_argument("--warmup", type=float, default=300.0, help="uncounted seconds first")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", action="append", default=[], help="a scenario id, e.g. 1-07")

@@ -61,10 +61,11 @@ e2e() {
 
   "$DOCKER" build -t "$IMAGE" .
   "$KIND" load docker-image "$IMAGE" --name "$CLUSTER"
-  # The documented upgrade path; harmless on a first install.
+  # kind-up's tooling applied the CRD already (server-side, outside Helm): keep it out of the
+  # release (crds.install=false) and update it the way such installs do (docs/install.md).
   k apply --server-side --force-conflicts -f crds/
   "$helm" upgrade --install pd-operator charts/pd-operator --kube-context "$context" \
-    --namespace pd-operator-system --create-namespace \
+    --namespace pd-operator-system --create-namespace --set crds.install=false \
     --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
     --set image.pullPolicy=Never --wait --timeout 5m
   k create namespace pd-e2e --dry-run=client -o yaml | k apply -f -

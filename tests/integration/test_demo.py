@@ -47,7 +47,7 @@ def binaries() -> None:
 def demo(output: Path, duration_s: float, mark: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "pd_operator.cli.main", "demo", "--load", "slice"),
+            *(sys.executable, "-m", "pd_operator.cli.main", "demo", "--workload", "slice"),
             *("--duration", str(duration_s), "--output", str(output)),
         ],
         cwd=ROOT,

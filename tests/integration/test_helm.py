@@ -1,6 +1,6 @@
 """The Helm chart on the real control plane: it installs, its ServiceAccount's rights are enough
 for the operator to reconcile a sample and deny what it never needs (Secrets: get by name only,
-never list or watch), and the documented CRD upgrade path works after Helm created the CRD.
+never list or watch), and the CRD is upgraded by `helm upgrade` and outlives the release.
 
 `helm lint --strict`, `helm template` matrices and the values schema: tests/unit/test_chart.py.
 """
@@ -9,6 +9,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -80,16 +81,18 @@ class Helm:
             assert result.returncode == 0, f"helm {' '.join(args)}: {result.stderr}"
         return result
 
-    def install(self, values: dict | None = None) -> Release:
+    def install(self, values: dict | None = None, *, crds: bool = False) -> Release:
         """Install the chart as a fresh release in a fresh namespace that enforces the
-        restricted Pod Security Standard."""
+        restricted Pod Security Standard. Without `crds` the release leaves the CRD alone: the
+        local cluster applied it, as another release or a GitOps application would."""
+        values = {"crds": {"install": crds, "keep": True}, **(values or {})}
         suffix = uuid.uuid4().hex[:6]
         name, namespace = f"pdo-{suffix}", f"pdo-system-{suffix}"
         self.cluster.kubectl("create", "namespace", namespace)
         self.cluster.kubectl(
             "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
         )
-        args = [f"--set-json={key}={json.dumps(value)}" for key, value in (values or {}).items()]
+        args = [f"--set-json={key}={json.dumps(value)}" for key, value in values.items()]
         result = self("install", name, str(CHART), f"--namespace={namespace}", *args)
         release = Release(name, namespace, f"{name}-pd-operator", result.stdout)
         self.releases.append(release)
@@ -111,15 +114,8 @@ def helm(helm_bin, helm_env, cluster) -> Iterator[Helm]:
 
 @pytest.fixture(scope="module")
 def release(helm) -> Release:
-    """The default (cluster-wide) install, with monitoring asked for on a cluster without the
-    Prometheus Operator."""
-    return helm.install(
-        {
-            "serviceMonitor": {"enabled": True},
-            "prometheusRule": {"enabled": True},
-            "engineMonitor": {"enabled": True},
-        }
-    )
+    """The default (cluster-wide) install."""
+    return helm.install()
 
 
 def token_kubeconfig(cluster: LocalCluster, release: Release, path: Path) -> Path:
@@ -175,12 +171,9 @@ def permission_problems(records: list[logging.LogRecord]) -> list[str]:
     ]
 
 
-def test_install_skips_monitoring_objects_the_cluster_cannot_serve_and_says_so(helm, release):
-    assert "no ServiceMonitor was created" in release.output
-    assert "no PrometheusRule was created" in release.output
-    assert "no PodMonitor was created" in release.output
-    assert "deploy/prometheus/engine-scrape.yaml" in release.output
-    assert "kubectl apply --server-side --force-conflicts -f crds/" in release.output
+def test_install_notes_and_objects(helm, release):
+    assert f"rollout status deployment/{release.service_account}" in release.output
+    assert "this release does not manage the PDDeployment CRD" in release.output
     manifest = helm("get", "manifest", release.name, f"--namespace={release.namespace}").stdout
     kinds = {doc["kind"] for doc in yaml.safe_load_all(manifest) if doc}
     assert kinds == {
@@ -192,6 +185,20 @@ def test_install_skips_monitoring_objects_the_cluster_cannot_serve_and_says_so(h
         "Service",
         "Deployment",
     }
+
+
+def test_monitors_asked_for_are_rendered_and_refused_loudly_without_their_api(helm):
+    # This cluster has no Prometheus Operator: the install fails naming the kind, instead of
+    # succeeding without the PodMonitor the autoscaler's metrics depend on.
+    name, namespace = f"pdo-{uuid.uuid4().hex[:6]}", "default"
+    result = helm(
+        "install", name, str(CHART), f"--namespace={namespace}",
+        "--set=crds.install=false", "--set=engineMonitor.enabled=true",
+        check=False,
+    )  # fmt: skip
+    helm("uninstall", name, f"--namespace={namespace}", check=False)
+    assert result.returncode != 0
+    assert "PodMonitor" in result.stderr, result.stderr
 
 
 def test_operator_pod_is_admitted_under_restricted_pod_security(cluster, api_client, release):
@@ -346,41 +353,71 @@ def test_namespaced_install_is_enough_for_an_operator_watching_those_namespaces(
         operator.stop()
 
 
-def test_crd_created_by_helm_upgrades_with_server_side_apply_and_outlives_the_release(
-    helm_bin, helm_env, tmp_path
-):
-    # A cluster without the CRD, so that Helm creates it from charts/pd-operator/crds.
+def newer_chart(folder: Path) -> Path:
+    """A copy of the chart whose CRD is the next version's (here: one more short name)."""
+    chart = folder / "pd-operator"
+    shutil.copytree(CHART, chart)
+    path = chart / "files" / "crds" / "pdoperator.io_pddeployments.yaml"
+    crd = yaml.safe_load(path.read_text())
+    crd["spec"]["names"]["shortNames"] = ["pdd", "pdds"]
+    path.write_text(yaml.safe_dump(crd))
+    return chart
+
+
+def test_crd_comes_with_the_release_upgrades_with_it_and_outlives_it(helm_bin, helm_env, tmp_path):
+    # A cluster without the CRD, so that the release creates it.
     fresh = LocalCluster(install_crds=False)
     fresh.start()
     try:
         tool = Helm(helm_bin, helm_env, fresh)
-        release = tool.install()
+        release = tool.install(crds=True)
         crd = yaml.safe_load(fresh.kubectl("get", "crd", CRD_NAME, "-o", "yaml"))
         assert crd["spec"]["names"]["shortNames"] == ["pdd"]
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         fresh.kubectl("create", "namespace", "llm")
         fresh.kubectl("apply", "-n", "llm", "-f", str(SAMPLE_PATH))
+        # A second release in the same cluster leaves the first one's CRD alone.
+        tool.install({"watchNamespaces": ["llm"]})
 
-        # The next chart version's CRD (here: one more short name).
-        newer = yaml.safe_load((CHART / "crds" / "pdoperator.io_pddeployments.yaml").read_text())
-        newer["spec"]["names"]["shortNames"] = ["pdd", "pdds"]
+        # `helm upgrade` to the next chart version upgrades the CRD: no step before it.
+        newer = newer_chart(tmp_path)
+        where = f"--namespace={release.namespace}"
+        tool("upgrade", release.name, str(newer), where, "--reuse-values")
+        names = fresh.kubectl("get", "crd", CRD_NAME, "-o", "jsonpath={.spec.names.shortNames}")
+        assert yaml.safe_load(names) == ["pdd", "pdds"]
+
+        # Uninstalling the release leaves the CRD, hence every PDDeployment, in place.
+        tool("uninstall", release.name, where)
+        assert fresh.kubectl("get", "pdds", "-n", "llm", "-o", "name").split() == [
+            "pddeployment.pdoperator.io/glm-hetero"
+        ]
+
+        # A release that finds the CRD already there (left by an uninstalled release, applied
+        # by hand, or installed from an older chart's crds/) adopts it only when told to.
+        fresh.kubectl("create", "namespace", "pdo-again")
+        tool.releases.append(Release("pdo-again", "pdo-again", "", ""))
+        args = ("upgrade", "--install", "pdo-again", str(CHART), "--namespace=pdo-again")
+        refused = tool(*args, check=False)
+        assert refused.returncode != 0 and CRD_NAME in refused.stderr, refused.stderr
+        tool(*args, "--take-ownership")
+        crd = yaml.safe_load(fresh.kubectl("get", "crd", CRD_NAME, "-o", "yaml"))
+        assert crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == "pdo-again"
+
+        # CRDs managed outside any release (crds.install=false): the documented path renders
+        # the next chart's CRD and applies it over the fields Helm wrote.
+        rendered = tool(
+            "template", "pd-operator", str(newer), "--set=crds.install=true",
+            "--show-only=templates/crds.yaml",
+        ).stdout  # fmt: skip
         path = tmp_path / "crd.yaml"
-        path.write_text(yaml.safe_dump(newer))
-        # Without --force-conflicts the fields Helm created stay Helm's: apply refuses.
-        with pytest.raises(LocalClusterError, match=r'conflicts? with "helm"'):
+        path.write_text(rendered)
+        with pytest.raises(LocalClusterError, match=r'conflicts? with "helm'):
             fresh.kubectl("apply", "--server-side", "-f", str(path))
         fresh.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
         names = fresh.kubectl("get", "crd", CRD_NAME, "-o", "jsonpath={.spec.names.shortNames}")
         assert yaml.safe_load(names) == ["pdd", "pdds"]
-        # helm upgrade never touches crds/: the upgraded CRD stays.
-        tool("upgrade", release.name, str(CHART), f"--namespace={release.namespace}")
-        names = fresh.kubectl("get", "crd", CRD_NAME, "-o", "jsonpath={.spec.names.shortNames}")
-        assert yaml.safe_load(names) == ["pdd", "pdds"]
-        # Uninstalling the release leaves the CRD, hence every PDDeployment, in place.
-        tool("uninstall", release.name, f"--namespace={release.namespace}")
-        assert fresh.kubectl("get", "pdds", "-n", "llm", "-o", "name").split() == [
-            "pddeployment.pdoperator.io/glm-hetero"
-        ]
     finally:
+        tool.uninstall_all()
         fresh.stop()
 
 

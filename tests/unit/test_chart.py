@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pd_operator.cli.main import build_parser
+from pd_operator.cli.run import run as pdctl_run
 from pd_operator.core.children import ENGINE_APP_NAME, MANAGED_BY, PORT_NAME
 from pd_operator.core.engine_args import METRICS_PATH
 from pdcases import ROOT
@@ -37,7 +37,7 @@ STANDARD_LABELS = {
     "app.kubernetes.io/managed-by",
     "helm.sh/chart",
 }
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "Namespace"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace"}
 
 Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -205,11 +205,7 @@ MATRIX = {
         {"engineMonitor": {"enabled": True}, "watchNamespaces": ["team-a"]},
         ("monitoring.coreos.com/v1",),
     ),
-    "peering": ({"peering": {"enabled": True, "name": "pd"}}, ("kopf.dev/v1",)),
-    "peering-namespaced": (
-        {"peering": {"enabled": True, "name": "pd"}, "watchNamespaces": ["team-a"]},
-        ("kopf.dev/v1",),
-    ),
+    "crds-managed-elsewhere": ({"crds": {"install": False, "keep": True}}, ()),
 }
 
 
@@ -220,11 +216,26 @@ def test_chart_passes_helm_lint_strict():
 
 def test_chart_crds_are_the_repositorys_crds_byte_for_byte():
     repo = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
-    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "files" / "crds").glob("*.yaml")}
     assert repo, "no CRD in crds/"
     assert chart == repo, (
-        "charts/pd-operator/crds is stale: cp crds/*.yaml charts/pd-operator/crds/"
+        "charts/pd-operator/files/crds is stale: cp crds/*.yaml charts/pd-operator/files/crds/"
     )
+    # Helm installs a chart's crds/ once and never upgrades it: the CRD is a template instead.
+    assert not (CHART / "crds").exists()
+
+
+def test_crd_is_a_template_that_helm_upgrade_upgrades_and_uninstall_keeps():
+    sources = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "crds").glob("*.yaml"))]
+    rendered = [o for o in render() if o["kind"] == "CustomResourceDefinition"]
+    assert [c["metadata"]["name"] for c in rendered] == [c["metadata"]["name"] for c in sources]
+    for crd, source in zip(rendered, sources, strict=True):
+        assert crd["spec"] == source["spec"]
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    unkept = one(render({"crds": {"install": True, "keep": False}}), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in unkept["metadata"].get("annotations", {})
+    elsewhere = render({"crds": {"install": False, "keep": True}})
+    assert not [o for o in elsewhere if o["kind"] == "CustomResourceDefinition"]
 
 
 def test_chart_and_kustomize_image_follow_the_package_version():
@@ -303,16 +314,14 @@ def test_values_become_the_operators_command_line():
         "--verbose",
     ]
     # Every flag the chart can pass is one `pdctl run` (python -m pd_operator) accepts.
-    parsed = build_parser().parse_args(["run", *main["args"]])
-    assert (parsed.namespace, parsed.workers, parsed.no_autoscale, parsed.ignore_other_pods) == (
-        ["team-a", "team-b"],
-        2,
-        True,
-        True,
-    )
+    parsed = pdctl_run.make_context("run", list(main["args"])).params
+    assert (
+        parsed["namespace"],
+        parsed["workers"],
+        parsed["no_autoscale"],
+        parsed["ignore_other_pods"],
+    ) == (("team-a", "team-b"), 2, True, True)
     assert {p["containerPort"] for p in main["ports"]} == {9000, 9001}
-    peering = container(render({"peering": {"enabled": True, "name": "pd"}}, ["kopf.dev/v1"]))
-    assert "--peering=pd" in peering["args"]
 
 
 def test_cluster_wide_rbac_grants_exactly_what_the_operator_uses():
@@ -364,9 +373,9 @@ def test_prometheus_auth_mounts_its_secret_and_passes_the_files():
         "--prometheus-bearer-token-file=/etc/pd-operator/prometheus/token",
         "--prometheus-ca-file=/etc/pd-operator/prometheus/ca.crt",
     ]
-    parsed = build_parser().parse_args(["run", *main["args"]])
-    assert parsed.prometheus_bearer_token_file == "/etc/pd-operator/prometheus/token"
-    assert parsed.prometheus_ca_file == "/etc/pd-operator/prometheus/ca.crt"
+    parsed = pdctl_run.make_context("run", list(main["args"])).params
+    assert parsed["prometheus_bearer_token_file"] == "/etc/pd-operator/prometheus/token"
+    assert parsed["prometheus_ca_file"] == "/etc/pd-operator/prometheus/ca.crt"
     mount = next(m for m in main["volumeMounts"] if m["name"] == "prometheus-auth")
     assert mount == {
         "name": "prometheus-auth",
@@ -400,36 +409,21 @@ def test_namespaced_rbac_grants_namespaced_rights_only_in_the_watched_namespaces
     }
 
 
-def test_peering_adds_only_peering_rights_and_creates_the_peering_object():
-    peering_verbs = {"list", "watch", "patch"}
-    cluster = render({"peering": {"enabled": True, "name": "pd"}}, ["kopf.dev/v1"])
-    extra = {
-        (group, "clusterkopfpeerings", verb)
-        for group in ("kopf.dev", "zalando.org")
-        for verb in peering_verbs
-    }
-    assert granted(cluster) == {
-        ("ClusterRoleBinding", ""): NAMESPACED_RIGHTS | CLUSTER_RIGHTS | extra,
-        **LEADER,
-    }
-    assert one(cluster, "ClusterKopfPeering")["metadata"]["name"] == "pd"
-
-    namespaced = render(
-        {"peering": {"enabled": True, "name": "pd"}, "watchNamespaces": ["team-a"]}, ["kopf.dev/v1"]
+@pytest.mark.parametrize("case", sorted(MATRIX))
+def test_no_kopf_peering_the_leader_lease_guards_every_write(case):
+    # kopf peering pauses only kopf's watch streams: the workers, resync and autoscaler the
+    # Lease guards would run on from a stale cache. So the chart neither joins nor creates one.
+    values, api_versions = MATRIX[case]
+    objects = render(values, api_versions)
+    assert not [o for o in objects if o["apiVersion"].startswith(("kopf.dev/", "zalando.org/"))]
+    for granted_rights in granted(objects).values():
+        assert not {r for r in granted_rights if r[0] in ("kopf.dev", "zalando.org")}
+    main = container(objects)
+    assert not [a for a in main["args"] if a.startswith("--peering")]
+    assert "env" not in main  # POD_ID was kopf's peering identity
+    assert "additional properties 'peering' not allowed" in render_error(
+        {"peering": {"enabled": True, "name": "pd"}}
     )
-    role = granted(namespaced)[("RoleBinding", "team-a")]
-    assert role - NAMESPACED_RIGHTS == {
-        (group, "kopfpeerings", verb)
-        for group in ("kopf.dev", "zalando.org")
-        for verb in peering_verbs
-    }
-    peering = one(namespaced, "KopfPeering")
-    assert (peering["metadata"]["namespace"], peering["metadata"]["name"]) == ("team-a", "pd")
-
-
-def test_peering_without_kopfs_crds_fails_with_the_fix():
-    error = render_error({"peering": {"enabled": True}})
-    assert "kopf.dev/v1" in error and "docs/install.md" in error
 
 
 def test_aggregated_roles_extend_view_and_edit_to_pddeployments():
@@ -455,7 +449,7 @@ def test_rbac_and_service_account_can_be_brought_by_the_user():
     objects = render(
         {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "platform-sa"}}
     )
-    assert {o["kind"] for o in objects} == {"Deployment", "Service"}
+    assert {o["kind"] for o in objects} == {"Deployment", "Service", "CustomResourceDefinition"}
     assert (
         one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
         == "platform-sa"
@@ -464,11 +458,15 @@ def test_rbac_and_service_account_can_be_brought_by_the_user():
     assert "serviceAccount.name is required" in error
 
 
-def test_monitoring_objects_need_both_the_flag_and_the_prometheus_operator_api():
+def test_monitoring_objects_render_whenever_enabled_whatever_the_cluster_serves():
     values, _ = MATRIX["monitoring-with-api"]
-    without_api = {o["kind"] for o in render(values)}
-    assert not without_api & {"ServiceMonitor", "PrometheusRule", "PodMonitor"}
+    # A value the user set renders without the API (GitOps rendering without cluster access,
+    # the Prometheus Operator's CRDs applied later), and the same as with it.
+    without_api = render(values)
+    monitoring = [o["kind"] for o in without_api if o["apiVersion"].startswith("monitoring.")]
+    assert sorted(monitoring) == ["PodMonitor", "PodMonitor", "PrometheusRule", "ServiceMonitor"]
     with_api = render(values, ["monitoring.coreos.com/v1"])
+    assert with_api == without_api
     monitor = one(with_api, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     # The alert rules select job="pd-operator"; the autoscaler's `namespace` label must win.
@@ -491,9 +489,9 @@ def test_engine_pod_monitor_scrapes_the_pool_pods_in_the_namespaces_the_operator
     # Relabelling semantics, and agreement with deploy/prometheus/engine-scrape.yaml:
     # tests/unit/test_engine_scrape.py.
     enabled = {"engineMonitor": {"enabled": True, "labels": {"release": "kps"}}}
-    assert not [o for o in render(enabled) if o["kind"] == "PodMonitor"]
     assert not [o for o in render({}, ["monitoring.coreos.com/v1"]) if o["kind"] == "PodMonitor"]
-    rendered = render(enabled, ["monitoring.coreos.com/v1"])
+    # No monitoring.coreos.com/v1 among the cluster's APIs: rendered all the same.
+    rendered = render(enabled)
     monitor = one(rendered, "PodMonitor", "pdo-pd-operator-engines")
     # The routers' own monitor comes with it (tests/unit/test_engine_scrape.py checks its rules).
     assert (
@@ -533,6 +531,41 @@ def test_grafana_dashboard_configmap_is_opt_in():
     assert dashboard["uid"] == "pd-operator" and dashboard["panels"]
 
 
+def notes(values: dict[str, Any]) -> str:
+    """NOTES.txt as `helm install` prints it (rendered without a cluster)."""
+    argv = [find_tool("helm"), "install", RELEASE, CHART, f"--namespace={RELEASE_NAMESPACE}"]
+    result = run([*argv, "--dry-run=client", *helm_args(values, ())])
+    assert result.returncode == 0, result.stderr
+    return result.stdout.partition("NOTES:")[2]
+
+
+# Where an installed user has no checkout: files of this repository, or its make targets.
+REPOSITORY_PATH = re.compile(
+    r"(?<![\w.-])(config|hack|deploy|crds|charts|docs|tests|operator|bench)/"
+    r"|\bmake "
+    r"|(?<![\w./-])[\w-]+\.(yaml|md)\b"  # a file named bare; templates/crds.yaml is the chart's
+)
+
+
+@pytest.mark.parametrize("case", sorted(MATRIX))
+def test_install_notes_name_kubectl_commands_and_no_repository_file(case):
+    values, _ = MATRIX[case]
+    text = notes(values)
+    assert f"rollout status deployment/{FULLNAME}" in text
+    assert "kubectl explain pdd" in text
+    assert not REPOSITORY_PATH.search(text), REPOSITORY_PATH.search(text)
+
+
+def test_install_notes_say_who_upgrades_the_crd():
+    assert "`helm upgrade` upgrades it" in notes({})
+    assert "helm.sh/resource-policy: keep" in notes({})
+    assert "DELETES it" in notes({"crds": {"install": True, "keep": False}})
+    elsewhere = notes({"crds": {"install": False, "keep": True}})
+    assert "--show-only templates/crds.yaml | kubectl apply --server-side --force-conflicts" in (
+        " ".join(elsewhere.replace("\\\n", " ").split())
+    )
+
+
 @pytest.mark.parametrize("case", sorted(MATRIX))
 def test_every_object_is_labelled_and_owns_no_field_of_another_manager(case):
     values, api_versions = MATRIX[case]
@@ -570,7 +603,7 @@ def test_every_object_is_labelled_and_owns_no_field_of_another_manager(case):
         ({"workers": "four"}, "/workers"),
         ({"watchNamespaces": "team-a"}, "/watchNamespaces"),
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
-        ({"peering": {"enabled": "yes", "name": "pd"}}, "/peering/enabled"),
+        ({"crds": {"install": "yes", "keep": True}}, "/crds/install"),
         (
             {"image": {"repository": "r", "tag": "", "digest": "", "pullPolicy": "Sometimes"}},
             "/image/pullPolicy",
@@ -664,5 +697,5 @@ def test_kustomize_base_runs_the_same_pod_as_the_charts_default():
         "resources",
         "volumeMounts",
     ):
-        assert base_main[field] == chart_main[field], field
+        assert base_main.get(field) == chart_main.get(field), field
     assert base_main["image"] == chart_main["image"]

@@ -294,7 +294,8 @@ def test_warm_up_delays_new_replicas() -> None:
 
 def test_pdctl_simulate_prints_one_summary_per_policy(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
-        "simulate",
+        "sim",
+        "replay",
         "--rate",
         "1",
         "--duration",
@@ -321,7 +322,7 @@ def test_a_shipped_sample_whose_model_has_no_profile_simulates_as_the_model_give
     # The sample serves GLM-4.6, which has no profile: with --model the baselines (which need
     # a profile) run, and the substitution is said, not silent.
     sample = ROOT / "config" / "samples" / "homogeneous-h200-2p2d.yaml"
-    argv = ["simulate", "--spec", str(sample), "--model", "glm-4.5-fp8", "--rate", "1"]
+    argv = ["sim", "replay", "--spec", str(sample), "--model", "glm-4.5-fp8", "--rate", "1"]
     argv += ["--duration", "60", "--policy", "pd-operator", "--policy", "hpa", "-o", "json"]
     assert main(argv) == 0
     captured = capsys.readouterr()
@@ -330,14 +331,14 @@ def test_a_shipped_sample_whose_model_has_no_profile_simulates_as_the_model_give
         "spec.model.name 'zai-org/GLM-4.6-FP8' has no model profile; simulated as glm-4.5-fp8"
         in captured.err
     )
-    assert main(argv[:3] + argv[5:]) == 2  # without --model: the error says to pass one
+    assert main(argv[:4] + argv[6:]) == 2  # without --model: the error says to pass one
     assert "pass --model, one of" in capsys.readouterr().err
 
 
 def test_pdctl_simulate_explain_lists_each_scale_change_with_its_reason(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["simulate", "--rate", "12", "--duration", "240", "--explain"]
+    argv = ["sim", "replay", "--rate", "12", "--duration", "240", "--explain"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     changes = out.split("pd-operator: scale changes (seconds from the window's start)\n")[1]
@@ -365,7 +366,7 @@ def test_pdctl_simulate_replays_a_trace_behind_either_router(
     trace = str(real_trace("conversation_trace.jsonl"))
     attained = {}
     for routing in ROUTINGS:
-        argv = ["simulate", "--trace", trace, "--duration", "300", "--policy", "static-peak"]
+        argv = ["sim", "replay", "--trace", trace, "--duration", "300", "--policy", "static-peak"]
         assert main([*argv, "--routing", routing, "-o", "json"]) == 0
         attained[routing] = json.loads(capsys.readouterr().out)[0]["attainment"]["feasible"]
     assert attained["prefix-aware"] > attained["least-loaded"]
@@ -400,7 +401,7 @@ def test_scraped_window_means_match_the_requests_in_the_window() -> None:
 def test_pdctl_simulate_shows_no_progress_off_a_terminal_unless_asked(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["simulate", "--rate", "1", "--duration", "120", "-o", "json"]) == 0
+    assert main(["sim", "replay", "--rate", "1", "--duration", "120", "-o", "json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)[0]["policy"] == "pd-operator"
     assert captured.err == ""
@@ -704,7 +705,7 @@ def test_pdctl_simulate_clock_sets_the_wall_time_schedules_read(
     ]
     path = tmp_path / "scheduled.yaml"
     path.write_text(yaml.safe_dump(document))
-    argv = ["simulate", "--spec", str(path), "--model", "glm-4.5-fp8", "--rate", "0.2"]
+    argv = ["sim", "replay", "--spec", str(path), "--model", "glm-4.5-fp8", "--rate", "0.2"]
     argv += ["--duration", "300", "--explain"]
     # The window's start at 08:58 UTC: the floor's lead (a load and an interval) has begun.
     assert main([*argv, "--clock", "2026-11-30T08:58:00Z"]) == 0
@@ -716,6 +717,5 @@ def test_pdctl_simulate_clock_sets_the_wall_time_schedules_read(
     captured = capsys.readouterr()
     assert "schedule peak" not in captured.out
     assert "without --clock the replay starts at 1970-01-01T00:00:00Z" in captured.err
-    with pytest.raises(SystemExit):
-        main([*argv, "--clock", "9am"])
-    assert "argument --clock: want an ISO 8601 time" in capsys.readouterr().err
+    assert main([*argv, "--clock", "9am"]) == 2
+    assert "pdctl sim replay: --clock: want an ISO 8601 time" in capsys.readouterr().err

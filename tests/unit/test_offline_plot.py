@@ -1,4 +1,4 @@
-"""`pdctl simulate --plot`: a real PNG with the run's load, replicas and latencies drawn."""
+"""`pdctl sim replay --plot`: a real PNG with the run's load, replicas and latencies drawn."""
 
 import struct
 import zlib
@@ -59,7 +59,7 @@ def test_plot_is_a_png_with_the_run_drawn_on_it(tmp_path: Path) -> None:
 def test_pdctl_simulate_plot_writes_one_png_per_policy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["simulate", "--rate", "1", "--duration", "180", "--policy", "hpa"]
+    argv = ["sim", "replay", "--rate", "1", "--duration", "180", "--policy", "hpa"]
     argv += ["--policy", "dynamo-sla:arima", "--plot", str(tmp_path / "plots")]
     assert main(argv) == 0
     written = sorted(p.name for p in (tmp_path / "plots").iterdir())

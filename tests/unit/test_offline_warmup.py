@@ -156,7 +156,7 @@ def test_the_example_deployment_declares_the_percentile_asked_for() -> None:
 def test_pdctl_simulate_warm_up_leaves_the_window_s_requests(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["simulate", "--rate", "1", "--duration", "120", "--warmup", "60", "-o", "json"]
+    argv = ["sim", "replay", "--rate", "1", "--duration", "120", "--warmup", "60", "-o", "json"]
     assert main([*argv, "--policy", "hpa"]) == 0
     (summary,) = json.loads(capsys.readouterr().out)
     assert 80 <= summary["requests"] <= 160  # ~120 at 1/s: the window's, not the warm-up's

@@ -185,6 +185,25 @@ def test_the_plan_is_a_valid_pddeployment() -> None:
     assert parsed.spec.slo.ttft.target_milliseconds == 60_000
 
 
+@pytest.mark.parametrize(
+    ("card", "label"),
+    [
+        (MTT_S5000, ("mthreads.com/gpu.product", "MTT-S5000")),
+        (H200_SXM, ("nvidia.com/gpu.product", "NVIDIA-H200")),
+        (H20, ("nvidia.com/gpu.product", "NVIDIA-H20")),
+    ],
+)
+def test_the_plan_selects_nodes_by_the_label_the_vendor_sets(card: Any, label: Any) -> None:
+    """The nodeSelector holds the card's gpu.product label as GPU feature discovery writes it
+    (what config/clusters and the samples carry), not the profile's name."""
+    result = plan(Workload(0.3, 8000, 300), LONG_SLO, GLM_45_FP8, [Candidate(card)])
+    assert result is not None
+    document = deployment_document(result, name="glm", model_name="zai-org/GLM-4.5-FP8")
+    for role in ("prefill", "decode"):
+        for pool in document["spec"][role]["pools"]:
+            assert pool["accelerator"]["nodeSelector"] == dict([label])
+
+
 def test_pdctl_plan_prints_a_deployable_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [
         "plan",

@@ -107,11 +107,6 @@ and Secrets are never listed or watched.
   resources: ["secrets"]
   verbs: ["get"]
 {{- end }}
-{{- if and .Values.peering.enabled .Values.watchNamespaces }}
-- apiGroups: ["kopf.dev", "zalando.org"]
-  resources: ["kopfpeerings"]
-  verbs: ["list", "watch", "patch"]
-{{- end }}
 {{- end }}
 
 {{/*
@@ -129,14 +124,5 @@ a CRD upgraded after the operator started); namespaces when kopf serves a list o
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- else if .Values.peering.enabled }}
-- apiGroups: ["kopf.dev", "zalando.org"]
-  resources: ["clusterkopfpeerings"]
-  verbs: ["list", "watch", "patch"]
 {{- end }}
-{{- end }}
-
-{{/* Whether the Prometheus Operator's API is served (or passed to `helm template --api-versions`). */}}
-{{- define "pd-operator.hasPrometheusOperator" -}}
-{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- end }}

@@ -1,41 +1,62 @@
-"""Checked command-line values: bad input names its flag and what it takes, never a traceback."""
+"""Checked command-line values: bad input names its option and what it takes, never a traceback."""
 
 import argparse
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import click
 
 Number = TypeVar("Number", int, float)
 
 
-class UsageError(Exception):
-    """Input `pdctl` cannot use; the message names the flag and the fix."""
+class UsageError(click.UsageError):
+    """Input `pdctl` cannot use; the message names the option and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, click.get_current_context(silent=True))
 
 
-def _checked(
-    convert: Callable[[str], Number], check: Callable[[Number], bool], wants: str
-) -> Callable[[str], Number]:
-    def parse(text: str) -> Number:
+class Checked(click.ParamType[Number]):
+    """A number (or time) with a range: `pdctl` prints "--flag: want ..., got ..." and exits 2."""
+
+    def __init__(
+        self,
+        name: str,
+        convert: Callable[[str], Number],
+        check: Callable[[Number], bool],
+        wants: str,
+    ) -> None:
+        self.name = name
+        self._convert: Callable[[str], Number] = convert
+        self._check: Callable[[Number], bool] = check
+        self.wants = wants
+
+    def parse(self, text: str) -> Number:
+        """`text` as a value in range; ValueError saying what it wants otherwise."""
         try:
-            value = convert(text)
+            value = self._convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"want {wants}, got {text!r}") from None
-        if not check(value):
-            raise argparse.ArgumentTypeError(f"want {wants}, got {text}")
+            raise ValueError(f"want {self.wants}, got {text!r}") from None
+        if not self._check(value):
+            raise ValueError(f"want {self.wants}, got {text}")
         return value
 
-    return parse
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Number:
+        try:
+            return self.parse(value if isinstance(value, str) else str(value))
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
 
-
-# argparse `type=` functions: argparse prints "argument --flag: want ..., got ..." and exits 2.
-positive = _checked(float, lambda v: v > 0, "a number greater than 0")
-non_negative = _checked(float, lambda v: v >= 0, "a number of at least 0")
-fraction = _checked(float, lambda v: 0 <= v <= 1, "a fraction from 0 to 1")
-share = _checked(float, lambda v: 0 < v <= 1, "a share greater than 0 and at most 1")
-tokens = _checked(float, lambda v: v >= 1, "a length of at least one token")
-count = _checked(int, lambda v: v >= 1, "a whole number of at least 1")
-port = _checked(int, lambda v: 0 <= v <= 65535, "a port from 1 to 65535, or 0 to disable it")
+    def for_argparse(self, text: str) -> Number:
+        """The same check as an argparse `type=` (the bench scripts' parsers)."""
+        try:
+            return self.parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _unix_time(text: str) -> float:
@@ -43,9 +64,29 @@ def _unix_time(text: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-wall_clock = _checked(
-    _unix_time, lambda v: True, "an ISO 8601 time such as 2026-12-01T08:30:00+08:00"
+POSITIVE = Checked("number", float, lambda v: v > 0, "a number greater than 0")
+NON_NEGATIVE = Checked("number", float, lambda v: v >= 0, "a number of at least 0")
+FRACTION = Checked("fraction", float, lambda v: 0 <= v <= 1, "a fraction from 0 to 1")
+SHARE = Checked("share", float, lambda v: 0 < v <= 1, "a share greater than 0 and at most 1")
+TOKENS = Checked("tokens", float, lambda v: v >= 1, "a length of at least one token")
+COUNT = Checked("count", int, lambda v: v >= 1, "a whole number of at least 1")
+PORT = Checked("port", int, lambda v: 0 <= v <= 65535, "a port from 1 to 65535, or 0 to disable it")
+WALL_CLOCK = Checked(
+    "time", _unix_time, lambda v: True, "an ISO 8601 time such as 2026-12-01T08:30:00+08:00"
 )
+
+
+class AnyCase(click.Choice[str]):
+    """One of `choices` in any case, given as spelled; help and errors spell them so too."""
+
+    def __init__(self, choices: Collection[str]) -> None:
+        super().__init__(choices, case_sensitive=False)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "[" + "|".join(self.choices) + "]"
+
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        return f"{value!r} is not one of {', '.join(self.choices)} (in any case)"
 
 
 @contextmanager
@@ -59,10 +100,10 @@ def about(flag: str) -> Iterator[None]:
         raise UsageError(f"{flag}: {error}") from None
 
 
-def prices(items: list[str] | None, flag: str, known: Collection[str]) -> dict[str, float]:
+def prices(items: Collection[str], flag: str, known: Collection[str]) -> dict[str, float]:
     """`PROFILE=PRICE` items (repeatable flag) as a mapping; each profile must be known."""
     out: dict[str, float] = {}
-    for item in items or []:
+    for item in items:
         key, sign, text = item.partition("=")
         if not sign or key not in known:
             raise UsageError(f"{flag} {item!r}: want PROFILE=PRICE, PROFILE one of {_list(known)}")

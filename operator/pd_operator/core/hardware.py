@@ -42,6 +42,8 @@ class HardwareProfile:
     # is 450 GB/s each way). The model uses half of it for one direction of a ring all-reduce.
     interconnect_bytes_per_second: float
     hourly_price_usd: float  # per card; a placeholder for the business case, set per cluster
+    # The card's `<vendor>/gpu.product` node label, as the vendor's feature discovery sets it.
+    gpu_product: str
     mfu: float = DEFAULT_MFU
     mbu: float = DEFAULT_MBU
     weight_load_bytes_per_second: float = DEFAULT_WEIGHT_LOAD_BYTES_PER_SECOND
@@ -140,6 +142,7 @@ class ModelProfile:
 H200_SXM = HardwareProfile(
     name="h200",
     resource_name="nvidia.com/gpu",
+    gpu_product="NVIDIA-H200",
     memory_bytes=141 * GB,  # NVIDIA H200 datasheet
     memory_bandwidth_bytes_per_second=4.8 * TB,  # datasheet; the articles' "4.8 TB/s" decode GPU
     fp8_dense_flops=1979 * TFLOPS,  # datasheet 3,958 is with 2:4 sparsity; dense is half
@@ -151,6 +154,7 @@ H200_SXM = HardwareProfile(
 H100_SXM = HardwareProfile(
     name="h100",
     resource_name="nvidia.com/gpu",
+    gpu_product="NVIDIA-H100-80GB-HBM3",
     memory_bytes=80 * GB,  # datasheet
     memory_bandwidth_bytes_per_second=3.35 * TB,  # datasheet
     fp8_dense_flops=1979 * TFLOPS,  # same compute die as H200
@@ -162,6 +166,7 @@ H100_SXM = HardwareProfile(
 H20 = HardwareProfile(
     name="h20",
     resource_name="nvidia.com/gpu",
+    gpu_product="NVIDIA-H20",
     memory_bytes=96 * GB,  # datasheet
     memory_bandwidth_bytes_per_second=4.0 * TB,  # datasheet: a bandwidth-rich, compute-poor card
     fp8_dense_flops=296 * TFLOPS,  # datasheet
@@ -173,6 +178,7 @@ H20 = HardwareProfile(
 MTT_S5000 = HardwareProfile(
     name="mtt-s5000",
     resource_name="mthreads.com/gpu",  # Moore Threads device plugin
+    gpu_product="MTT-S5000",
     memory_bytes=80 * GB,  # Moore Threads public figure (CONTEXT.md)
     memory_bandwidth_bytes_per_second=1.6 * TB,  # public figure (CONTEXT.md)
     # ~1,000 TFLOPS FP8 is public; dense or sparse is not stated. Treated as dense: the articles'

@@ -722,7 +722,7 @@ def deployment_document(
                         }
                     ],
                     "profile": hardware.name,
-                    "nodeSelector": {f"{vendor}/gpu.product": hardware.name},
+                    "nodeSelector": {f"{vendor}/gpu.product": hardware.gpu_product},
                 },
                 "replicas": {"min": 1, "max": max(1, pool.replicas) + headroom_replicas},
             }

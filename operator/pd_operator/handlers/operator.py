@@ -1,6 +1,6 @@
 """kopf registrations: watches feed the cache and the work queue; workers run reconciles.
 
-kopf is used for what it does well (watch streams, login, liveness, peering) with raw
+kopf is used for what it does well (watch streams, login, liveness) with raw
 `on.event` handlers only: no handler progress or diff-base is stored on the user's objects and
 no finalizer is added, because no delete step needs one (owner references clean up).
 Create, update, resume (the startup list) and the periodic resync all enqueue the same key,
@@ -75,7 +75,6 @@ class OperatorConfig:
     workers: int = 4
     resync_seconds: float = 300.0
     metrics_port: int = 0  # 0: no metrics server
-    peering_name: str | None = None  # None: standalone (one replica, no peering objects)
     prometheus_url: str | None = None  # for objects without spec.scaling.prometheus
     # The operator's credentials for prometheus_url (never sent to a URL from a spec).
     prometheus_bearer_token_file: str | None = None
@@ -312,10 +311,9 @@ def build_registry(state: OperatorState) -> kopf.OperatorRegistry:
             prefix=GROUP, key="last-handled-configuration"
         )
         settings.posting.level = logging.WARNING
-        settings.peering.standalone = state.config.peering_name is None
-        if state.config.peering_name:
-            settings.peering.name = state.config.peering_name
-            settings.peering.mandatory = True
+        # No kopf peering: it would pause kopf's watches only, not the workers, resync and
+        # autoscaler; the operator's own Lease guards those (`--leader-election`).
+        settings.peering.standalone = True
         ours_only = [(group, plural) for group, _, plural in CHILD_RESOURCES]
         if not state.config.count_other_pods:
             ours_only.append(("", "pods"))
@@ -412,8 +410,7 @@ async def run_operator(
             registry=registry,
             clusterwide=not namespaces,
             namespaces=namespaces,
-            standalone=state.config.peering_name is None,
-            peering_name=state.config.peering_name,
+            standalone=True,
             liveness_endpoint=liveness_endpoint,
             stop_flag=state.halt,
             ready_flag=ready_flag,

@@ -216,7 +216,7 @@ def _shaped(
 
 
 def build_load(options: DemoOptions, context: int) -> Load:
-    """The requests the client sends, from the option `--load`."""
+    """The requests the client sends, from the option `--workload`."""
     if options.load == "synthetic":
         return synthetic_load(options.duration_s, context)
     path = (
