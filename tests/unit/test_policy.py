@@ -17,14 +17,16 @@ from pd_operator.api import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.allocation import record_ready
 from pd_operator.core.capacity import FreeCapacity, free_capacity
-from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
+from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, HARDWARE_PROFILES, MTT_S5000
 from pd_operator.core.learning import (
     PROMPT_LENGTH_CV2,
     latency_evidence,
+    model_profile_for,
     seed_capacity,
     seed_load_seconds,
 )
 from pd_operator.core.observe import NodeSummary
+from pd_operator.core.perfmodel import kv_capacity_tokens
 from pd_operator.core.policy import Decision, Observation, PoolObservation, _steady, decide
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory
 from pd_operator.core.signals import (
@@ -631,15 +633,24 @@ def test_prefill_holds_on_a_load_its_prefix_cache_makes_light() -> None:
     assert replicas(decided(Reading.of(0.0))) > 1
 
 
-def test_prefill_sheds_a_replica_only_where_the_rest_serve_the_load_without_the_cache():
+def test_prefill_sheds_a_replica_only_where_the_rest_serve_the_load_without_its_cache():
     """Two replicas, 60% of prompt tokens cached. A replica shed takes its prefix cache with
-    it, so one replica is enough only for a demand it computes cold: at half of what one warm
-    replica serves (over one cold replica's seed) both stay; at a fifth, one goes."""
+    it: the prefixes it held (half of them) come back cold, so the one left sees 30% cached
+    until it has computed them again. At half of what one warm replica serves, more than one
+    replica computes at 30% cached, both stay; at 60% of what it computes at 30% cached, one
+    goes (with no cache counted at all, as before, it stayed all hour); at a fifth, one goes."""
     pool = PROFILED.prefill.pools[0]
-    warm = seed_capacity(
-        PROFILED, "prefill", pool, 1000, prompt_length_cv2=PROMPT_LENGTH_CV2, cached_share=0.6
-    )
-    assert warm is not None and warm > 1.5 * seed("prefill", 1000)
+
+    def seeded(share: float) -> float:
+        value = seed_capacity(
+            PROFILED, "prefill", pool, 1000, prompt_length_cv2=PROMPT_LENGTH_CV2,
+            cached_share=share,
+        )  # fmt: skip
+        assert value is not None
+        return value
+
+    warm, kept, cold = seeded(0.6), seeded(0.3), seeded(0.0)
+    assert warm > kept > 1.2 * cold
 
     def sizes(demand: float) -> list[int]:
         decisions = run(
@@ -649,6 +660,8 @@ def test_prefill_sheds_a_replica_only_where_the_rest_serve_the_load_without_the_
         return [replicas(d) for d in decisions]
 
     assert sizes(0.5 * warm) == [2] * 20
+    assert 0.6 * kept > 0.7 * cold  # what the old rule, cold, would have kept two for
+    assert sizes(0.6 * kept)[-1] == 1
     assert sizes(0.2 * warm)[-1] == 1
 
 
@@ -717,6 +730,16 @@ def profiled_capacity(decision: Decision | None, role: Role) -> float:
     pool = next(d for d in decision.pools if d.role == role)
     assert pool.capacity_per_replica is not None
     return pool.capacity_per_replica
+
+
+def kv_share(running: float, context: int) -> float:
+    """The KV cache share `running` sequences of `context` tokens hold in one of PROFILED's
+    decode replicas: what its engine reports (the mean over replicas, per replica)."""
+    pool = PROFILED.pools("decode")[0]
+    hardware = HARDWARE_PROFILES[pool.accelerator.profile or ""]
+    model = model_profile_for(PROFILED.model.name)
+    assert model is not None
+    return running * context / kv_capacity_tokens(hardware, model, pool.accelerator.per_replica)
 
 
 def seed(role: Role, prompt: int) -> float:
@@ -788,7 +811,8 @@ def test_decode_leaves_room_for_the_bursts_its_batch_has_shown(running, grows):
     for sample in running:
         observation = observe(
             spec, now, counts, prefill={"ratio": 0.3, "tokens": 1000.0},
-            decode={"ratio": 0.6, "tokens": 0.72 * per_replica, "running": sample},
+            decode={"ratio": 0.6, "tokens": 0.72 * per_replica, "running": sample,
+                    "kv": kv_share(sample, 1000)},
         )  # fmt: skip
         decision = decide(spec, observation, state, now)
         assert decision is not None
@@ -796,6 +820,78 @@ def test_decode_leaves_room_for_the_bursts_its_batch_has_shown(running, grows):
         state, now = decision.state, now + INTERVAL
     assert (max(sizes) > 1) is grows
     assert sizes[0] == 1  # one sample shows no bursts yet
+
+
+def test_decode_sizes_on_the_context_its_kv_cache_holds_in_one_decision():
+    # Reasoning: 1,000-token prompts, but a running sequence holds its answer so far too, 3,000
+    # tokens on average, which the KV cache shows. Sized on the prompt, one replica read ~2.5x
+    # its real capacity and decode stayed in breach; sized on the context, the decision grows
+    # it at once to what the load needs at that context.
+    per_replica = seed("decode", 3000)
+    demand = 3.2 * per_replica
+    running = demand * 0.02  # tokens/s x seconds per token at the 20 ms target
+    observation = observe(
+        PROFILED, T0, {("prefill", "p"): 4, ("decode", "d"): 1},
+        prefill={"ratio": 0.3, "tokens": 4000.0},
+        decode={"ratio": 1.2, "tokens": demand, "running": running,
+                "kv": kv_share(running, 3000)},
+    )  # fmt: skip
+    decision = decide(PROFILED, observation, PolicyState(), T0)
+    assert profiled_capacity(decision, "decode") == pytest.approx(per_replica, rel=0.02)
+    assert replicas(decision, "decode", "d") >= 4  # 3.2 replicas' load at its margin
+    assert decision is not None
+    assert decision.state.role("decode").context_tokens() == pytest.approx(3000, rel=0.01)
+
+
+def test_decode_breach_while_old_replicas_keep_their_batch_teaches_nothing():
+    # Decode grew from 1 to 4; the sequences that started on the first replica stay there
+    # until they finish (running / request rate = 60 s, and a token's sequence twice that),
+    # so for a while the ITL breaches although four replicas carry the load. That breach is
+    # no measure of a replica's capacity, nor a sign that replicas do not help.
+    start = PolicyState()
+    per_replica = seed("decode", 1000)
+    now, state, current = T0, start, {("prefill", "p"): 4, ("decode", "d"): 1}
+    for ready, ratio in [(1, 2.0), (4, 2.0), (4, 2.0), (4, 2.0), (4, 1.8)]:
+        current[("decode", "d")] = ready
+        demand = 2.4 * per_replica
+        running = demand * 0.02
+        observation = observe(
+            PROFILED, now, dict(current),
+            prefill={"ratio": 0.3, "tokens": running / 60 * 1000},
+            decode={"ratio": ratio, "tokens": demand, "running": running,
+                    "kv": kv_share(running / ready, 1000)},
+        )  # fmt: skip
+        decision = decide(PROFILED, observation, state, now)
+        assert decision is not None
+        state, now = decision.state, now + INTERVAL
+    # 150 s after the replicas came: within the 60 s window + 2 x 60 s turnover.
+    assert profiled_capacity(decision, "decode") >= 0.95 * per_replica
+    assert state.role("decode").futile_ratio is None
+
+
+def test_a_ramp_or_a_resize_is_no_swing_of_the_batch():
+    # The batch grows steadily (a ramp the feed-forward follows) and is halved by a scale-up:
+    # neither is a swing decode must leave room for. A batch that jumps between 150 and 450
+    # per replica is.
+    def dispersion(samples: list[tuple[float, int]]) -> float:
+        state, now = PolicyState(), T0
+        for running, ready in samples:
+            observation = observe(
+                PROFILED, now, {("prefill", "p"): 2, ("decode", "d"): ready},
+                decode={"ratio": 0.6, "tokens": 1000.0, "running": running,
+                        "kv": kv_share(running / ready, 1000)},
+            )  # fmt: skip
+            decision = decide(PROFILED, observation, state, now)
+            assert decision is not None
+            state, now = decision.state, now + INTERVAL
+        return state.role("decode").batch_dispersion()
+
+    ramp = [(100.0 + 10 * k, 1) for k in range(20)]
+    resized = [(300.0, 1)] * 10 + [(300.0, 2)] * 10
+    swinging = [(150.0, 1), (450.0, 1)] * 10
+    assert dispersion(ramp) < 1.5
+    assert dispersion(resized) == 1.0
+    assert dispersion(swinging) > 20
 
 
 @pytest.mark.parametrize(
@@ -1079,6 +1175,26 @@ def test_scale_up_moves_at_most_max_step_replicas():
     decision = decide(spec, observation, calibrated(spec, {"prefill": 1000.0, "decode": 500.0}), T0)
     assert replicas(decision) == 3
     assert limit(decision) == "rate"
+
+
+def test_by_default_a_pool_may_double_in_one_step_as_the_hpa_allows():
+    # A load stepped up: 12 prefill replicas, the demand of 30. Four at a time held the role
+    # in breach for minutes; by default a pool may double per decision.
+    wide = {"prefill.pools.0.replicas.max": 64, "decode.pools.0.replicas.max": 64}
+    spec = spec_of(wide)
+    state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+    observation = observe(
+        spec, T0, {("prefill", "p"): 12, ("decode", "d"): 12},
+        prefill={"ratio": 3.0, "tokens": 30 * 800.0},
+    )  # fmt: skip
+    assert spec.scaling.scale_up.max_step_percent == 100
+    assert replicas(decide(spec, observation, state, T0)) == 24
+    # A spec that names its own step keeps it (no percent unless it says one).
+    named = spec_of(
+        {**wide, "scaling": {"scaleUp": {"stabilizationSeconds": 0, "maxStepReplicas": 4}}}
+    )
+    assert named.scaling.scale_up.max_step_percent is None
+    assert replicas(decide(named, observation, state, T0)) == 16
 
 
 def test_scale_up_stabilization_ignores_a_single_spike():
@@ -1570,6 +1686,8 @@ def test_every_field_of_the_state_is_plain_json():
                 scaled_up_to=4,
                 ready_by=T0 + 80,
                 ready_runs=((T0, 2), (T0 + 30, 3)),
+                shed_at=T0 - 60,
+                shed_wait=420.0,
             )
         },
         roles={
@@ -1584,7 +1702,10 @@ def test_every_field_of_the_state_is_plain_json():
                 unavailable_since=T0,
                 stuck_since=T0,
                 running_mean=24.0,
-                running_square_mean=700.0,
+                running_change_square_mean=700.0,
+                running_last=20.0,
+                kv_tokens_mean=2.9e5,
+                kv_sequences_mean=100.0,
                 recent=((T0, 5e4, 0.4), (T0 + 30, None, None)),
             )
         },
@@ -1626,20 +1747,24 @@ def plant_latency_ratio(utilisation: float) -> float:
 
 @dataclass
 class Plant:
-    """Replicas with a fixed SLO capacity, a constant offered load, and a load time."""
+    """Replicas with a fixed SLO capacity, an offered load (constant, or in waves of
+    `wave_share` around it with period `wave_seconds`), and a load time."""
 
     spec: PDDeploymentSpec
     capacity: dict[Role, float]
     load: dict[Role, float]
     load_seconds: float = 90.0
     pods: dict[tuple[Role, str], list[float]] = field(default_factory=dict)  # ready times
+    wave_share: float = 0.0
+    wave_seconds: float = 600.0
 
     def observation(self, now: float) -> Observation:
         signals_by_role = {}
+        wave = 1 + self.wave_share * math.sin(2 * math.pi * (now - T0) / self.wave_seconds)
         for role in ROLES:
             key = (role, self.spec.pools(role)[0].name)
             ready = sum(1 for t in self.pods[key] if t <= now)
-            offered = self.load[role]
+            offered = self.load[role] * wave
             utilisation = offered / max(ready, 1e-9) / self.capacity[role]
             served = min(offered, ready * self.capacity[role] * 1.3)
             signals_by_role[role] = signals(
@@ -1712,6 +1837,45 @@ def test_constant_load_settles_without_oscillation(load, capacity, start, error)
         series = [size[index] for size in sizes]
         assert reversals(series) <= (0 if error is not None else 1), series
         assert len(set(series[-40:])) == 1, series
+
+
+def shed_grow_shed(sizes: list[int], within_steps: int) -> bool:
+    """A shed, a grow and a shed again, the first and last within `within_steps` decisions."""
+    moves = [(i, b - a) for i, (a, b) in enumerate(itertools.pairwise(sizes)) if b != a]
+    return any(
+        first[1] < 0 < middle[1] and last[1] < 0 and last[0] - first[0] <= within_steps
+        for first, middle, last in zip(moves, moves[1:], moves[2:], strict=False)
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    load=st.floats(500.0, 6000.0),
+    capacity=st.floats(400.0, 2000.0),
+    wave_share=st.floats(0.05, 0.3),
+    wave_seconds=st.floats(120.0, 1200.0),
+    load_seconds=st.floats(30.0, 300.0),
+)
+def test_a_stationary_load_in_waves_is_never_shed_grown_and_shed_within_three_load_times(
+    load, capacity, wave_share, wave_seconds, load_seconds
+):
+    """A wrong shed costs a load time of breach: under a load that only waves around a level,
+    no role sheds a replica, grows it back and sheds again within three load times (the
+    issue's chat load flapped 1-2-1 through the 60 s window)."""
+    plant = Plant(
+        SPEC,
+        {"prefill": capacity, "decode": capacity / 2},
+        {"prefill": load, "decode": load / 2},
+        load_seconds=load_seconds,
+        wave_share=wave_share,
+        wave_seconds=wave_seconds,
+    )
+    state = calibrated(SPEC, {"prefill": capacity, "decode": capacity / 2})
+    sizes = simulate(plant, 1, 200, state)
+    within = math.ceil(3 * load_seconds / INTERVAL)
+    for index in range(2):
+        series = [size[index] for size in sizes]
+        assert not shed_grow_shed(series[20:], within), series
 
 
 role_reading = st.sampled_from(

@@ -81,11 +81,16 @@ class RoleLoad:
     served_tokens_per_second: float | None = None
     demand_tokens_per_second: float | None = None  # served, plus the queue to drain
     memory_pressure: float | None = None  # decode KV usage x (running + waiting) / running
+    kv_cache_usage: float | None = None  # decode: the share of KV cache the replicas hold
+    # Prefill: requests per second (each observes one TTFT). Decode's latency histogram counts
+    # tokens, not requests.
+    requests_per_second: float | None = None
     mean_prompt_tokens: float | None = None
     # Prefill: the share of prompt tokens served from the prefix cache over the window (0 when
     # the engines do not say): the seeds count what these prompts cost to compute.
     cached_share: float = 0.0
     running_requests: float | None = None  # summed over the Ready replicas, at the sample
+    waiting_requests: float | None = None  # likewise: queued, or (decode) receiving their KV
     # Prefill prompts wait, at least one TTFT target's worth of what the replicas served: they
     # were busy all the time, so what they served is their throughput.
     saturated: bool = False
@@ -208,9 +213,12 @@ def read_load(
         served_tokens_per_second=served,
         demand_tokens_per_second=demand,
         memory_pressure=pressure,
+        kv_cache_usage=usage if role == "decode" else None,
+        requests_per_second=requests if role == "prefill" else None,
         mean_prompt_tokens=mean_prompt,
         cached_share=cached_share,
         running_requests=running,
+        waiting_requests=waiting,
         saturated=saturated,
         nothing_finished=latency.value is None and seconds is not None,
         tail_only=_tail_only(spec, role, ratio, signals, target_seconds),

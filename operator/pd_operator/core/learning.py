@@ -42,6 +42,7 @@ from pd_operator.core.perfmodel import (
     DecodeCoefficients,
     PrefillCoefficients,
     decode_itl_ms,
+    kv_capacity_tokens,
     max_concurrent_sequences,
     model_load_seconds,
 )
@@ -313,6 +314,38 @@ def _largest(holds: Callable[[float], bool], most: float) -> float:
         middle = (low + high) / 2
         low, high = (middle, high) if holds(middle) else (low, middle)
     return low
+
+
+def decode_context_tokens(
+    spec: PDDeploymentSpec,
+    ready: Mapping[str, int],
+    kv_cache_usage: float | None,
+    running: float | None,
+) -> float | None:
+    """Tokens of context a running decode sequence holds on average: the KV cache the Ready
+    replicas hold (their mean usage times each one's capacity from its profile) over the
+    sequences running. None when no sequence runs, the usage is unknown, or a Ready pool has
+    no known profile.
+
+    A decode step reads every running sequence's context, so its cost follows this, not the
+    prompt: a long answer holds its prompt and the answer so far (reasoning at 1K in, 3K out
+    holds about 3K, and sized on the prompt a replica's capacity read three times too high).
+    """
+    if kv_cache_usage is None or running is None or running < 1:
+        return None
+    model = model_profile_for(spec.model.name)
+    held = 0.0
+    for pool in spec.pools("decode"):
+        count = ready.get(pool.name, 0)
+        if count == 0:
+            continue
+        hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
+        if hardware is None or model is None:
+            return None
+        held += count * kv_capacity_tokens(hardware, model, pool.accelerator.per_replica)
+    if held <= 0:
+        return None
+    return max(1.0, kv_cache_usage * held / running)
 
 
 def seed_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec) -> float | None:

@@ -10,6 +10,7 @@ and the policy's new memory. The rules and their reasons are in docs/autoscaling
 import itertools
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, ReplicaBounds, Role
@@ -46,8 +47,10 @@ from pd_operator.core.decision import Decision, Observation, PoolDecision, PoolO
 from pd_operator.core.learning import (
     BREACH_RATIO,
     DEFAULT_PROMPT_TOKENS,
+    PROMPT_LENGTH_CV2,
     RoleCapacity,
     cache_speedup,
+    decode_context_tokens,
     decode_utilisation,
     estimate_capacity,
     prefill_utilisation,
@@ -72,7 +75,7 @@ WORSE_FACTOR = 1.2
 DEFAULT_LOAD_SECONDS = 300.0
 LOAD_EMA_WEIGHT = 0.5
 # Weight of one decision's sample of the running requests in their moving averages: about
-# the last 20 decisions (10 minutes at the default 30 s interval) tell how bursty the batch is.
+# the last 20 decisions (10 minutes at the default 30 s interval) tell how much the batch swings.
 RUNNING_EMA_WEIGHT = 0.05
 # A breach that a scale-up lowered by less than this share, once the new replicas served a
 # whole window and the demand did not grow, is not one that replicas fix: a latency floor above
@@ -91,6 +94,9 @@ STEADY_DEMAND_CHANGE = 0.1
 # often than window / STEADY_SAMPLES, a sample that close to the one before it is dropped when
 # the next comes (the newest is always kept).
 STEADY_SAMPLES = 30
+# The longest a pool whose sheds were undone waits before the next (`_shed_memory`): an hour,
+# past which a load that keeps coming back is a daily pattern, for schedules or seasons.
+MAX_SHED_WAIT = 3600.0
 # What limited a pool's recommendation before the windows and steps, in words.
 RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "capacity": "no room on the nodes for more",
@@ -125,7 +131,7 @@ class _Pool:
     value: int = 0
     limited_by: LimitedBy = "none"
     notes: list[str] = field(default_factory=list)
-    steady_window: bool = False  # the short scale-down window let it shrink sooner
+    steady_window: float | None = None  # the short scale-down window that let it shrink sooner
     # A schedule's or the seasonal forecast's floor over replicas.min; `spec` then carries it
     # as its min, so that every rule that keeps a pool at its min keeps it at the floor.
     floor: Floor | None = None
@@ -213,6 +219,26 @@ def _mean_prompt(spec: PDDeploymentSpec, loads: dict[Role, RoleLoad], role: Role
     )
 
 
+def _decode_context(
+    spec: PDDeploymentSpec, load: RoleLoad, pools: list["_Pool"], memory: RoleMemory
+) -> tuple[float | None, float | None]:
+    """The moving averages of the KV tokens decode holds and of the sequences holding them
+    (running, and waiting ones receiving their KV), after this decision's sample. Their ratio
+    is the context a sequence holds: a ratio of averages, because a sample of a few sequences
+    says little (one long prompt among three read as 37K tokens where the mean is 13K)."""
+    tokens, sequences = memory.kv_tokens_mean, memory.kv_sequences_mean
+    held = (load.running_requests or 0.0) + (load.waiting_requests or 0.0)
+    context = decode_context_tokens(
+        spec, {p.spec.name: p.seen.ready for p in pools}, load.kv_cache_usage, held or None
+    )
+    if context is None:
+        return tokens, sequences
+    if tokens is None or sequences is None:
+        return context * held, held
+    w = RUNNING_EMA_WEIGHT
+    return w * context * held + (1 - w) * tokens, w * held + (1 - w) * sequences
+
+
 def _utilisation(
     spec: PDDeploymentSpec,
     role: Role,
@@ -266,10 +292,13 @@ def _utilisation(
     shrink_at = PREFILL_SHRINK_SHARE * prefill_utilisation(
         spec, per_replica, prompt, replicas - 1, cached_share=cached_share
     )
-    # A replica shed takes its prefix cache with it: the prompts it held come back cold, so
-    # the replicas left must serve the demand without the cache's help. Only growing counts
-    # on it (a new replica destroys no cache).
-    cold = cache_speedup(spec, prompt, cached_share)
+    # A replica shed takes its prefix cache with it: the prefixes it held (its 1/N share, as
+    # the router spreads them) come back cold to the replicas left until each is computed
+    # again, so those must serve the demand at the hit share less that part. (Without the
+    # cache's help at all, a 90 rps chat load held a second replica all hour at 0.04x the
+    # TTFT target.) Growing counts on the whole share: a new replica destroys no cache.
+    kept_share = cached_share * (replicas - 1) / replicas if replicas > 1 else 0.0
+    cold = cache_speedup(spec, prompt, cached_share) / cache_speedup(spec, prompt, kept_share)
     return grow_at, max(SCALE_DOWN_UTILISATION, shrink_at) / cold
 
 
@@ -305,7 +334,7 @@ def _capacity(
     # each served at least the window's rate per replica Ready now: a lower bound, which a
     # latency well under the target lets raise the estimate (else the growth sized on an
     # estimate that low adds a replica that the next settled window sheds).
-    window = spec.slo.window_seconds
+    window = settle_seconds(spec, role, loads)
     settled = all(p.window_ready(now, window)[1] for p in pools)
     arrived_only = not settled and not any(p.left_within(now, window) for p in pools)
     # A futile breach says nothing about capacity: replicas were not what it lacked.
@@ -332,6 +361,24 @@ def _capacity(
     )
 
 
+def settle_seconds(spec: PDDeploymentSpec, role: Role, loads: Mapping[Role, RoleLoad]) -> float:
+    """How long after a change of Ready replicas the role's signals describe the new size: the
+    SLO window over which they are read, and for decode first the time the batch takes to
+    turn over. A sequence stays on the replica it started on, so replicas added take only new
+    ones and the old ones keep their batch until it finishes: a 2.5x ITL breach on the old
+    replica outlasted a one-minute window and read as a capacity 0.45x the real one.
+
+    The mean stay is running over the requests per second prefill serves (Little's law); the
+    latency percentile counts tokens, and a token belongs to a sequence longer than the mean
+    one by the factor 1 + CV^2 of the lengths (size bias): 2 for lengths spread as an
+    exponential distribution (`core.learning.PROMPT_LENGTH_CV2`, the same assumption)."""
+    window = float(spec.slo.window_seconds)
+    running, requests = loads["decode"].running_requests, loads["prefill"].requests_per_second
+    if role == "decode" and running and requests:
+        return window + (1 + PROMPT_LENGTH_CV2) * float(running) / requests
+    return window
+
+
 def _loading(pools: list[_Pool], now: float) -> bool:
     """Replicas of the last scale-up are placed but not Ready, before their expected ready time."""
     return any(
@@ -340,16 +387,13 @@ def _loading(pools: list[_Pool], now: float) -> bool:
     )
 
 
-def _arriving_capacity(
-    spec: PDDeploymentSpec, load: RoleLoad, pools: list[_Pool], now: float
-) -> RoleLoad:
+def _arriving_capacity(load: RoleLoad, pools: list[_Pool], now: float, window: float) -> RoleLoad:
     """Mark the load when replicas of the role are loading or became Ready within the window.
 
     Either way the latency does not show them yet. Replicas that became Ready drain the queue
     that built up before they served. A replica still loading counts only until the load time
     expected for it: one that never becomes Ready is a loss of capacity, not capacity coming.
     """
-    window = spec.slo.window_seconds
     arrived = any(p.window_ready(now, window)[0] < p.seen.ready for p in pools)
     if not (arrived or _loading(pools, now)):
         return load
@@ -357,7 +401,7 @@ def _arriving_capacity(
 
 
 def _futility(
-    spec: PDDeploymentSpec, pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float
+    pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: float, window: float
 ) -> tuple[float | None, bool]:
     """The breach more replicas did not lower (None: none), and whether the last scale-up was
     judged now (its replicas have served a whole window).
@@ -368,15 +412,14 @@ def _futility(
     and comes back with the next ones, and each return would otherwise add replicas.)
     """
     ratio = load.latency_ratio
-    if load.status != "active" or ratio is None:
-        return None, False
+    if load.status != "active" or ratio is None or load.breach_unresolved:
+        return None, False  # a reading its bucket cannot place says nothing either way
     if (
         memory.futile_ratio is not None
         and HOLD_RATIO <= ratio <= memory.futile_ratio * WORSE_FACTOR
     ):
         return memory.futile_ratio, False
     before, demand_before = memory.latency_ratio_at_scale_up, memory.demand_at_scale_up
-    window = spec.slo.window_seconds
     settled = all(p.window_ready(now, window)[1] and p.memory.scaled_up_to is None for p in pools)
     if before is None or not settled:
         return None, False
@@ -458,9 +501,12 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
     """The pool's value after the stabilization windows: the short scale-down window while
     the load is steady (said in the pool's notes where it let the pool shrink sooner)."""
     scaling = spec.scaling
-    windows = [scaling.scale_down.stabilization_seconds]
+    wait = pool.memory.shed_wait or 0.0
+    windows = [max(float(scaling.scale_down.stabilization_seconds), wait)]
     if steady:
-        windows.append(scaling.scale_down.steady_window_seconds)
+        # Not shorter than the wait that wrong sheds taught (`_shed_memory`).
+        short = max(scaling.scale_down.steady_window_seconds, wait)
+        windows.append(min(windows[0], short))
     values = [
         stabilize(
             pool.current,
@@ -474,10 +520,10 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
         for down_seconds in windows
     ]
     if values[-1] < values[0]:
-        pool.steady_window = True
+        pool.steady_window = windows[-1]
         pool.notes.append(
             f"load steady and latency under {STEADY_LATENCY_RATIO:g}x the target for "
-            f"{windows[0]}s: the {windows[-1]}s scale-down window"
+            f"{windows[0]:.0f}s: the {windows[-1]:.0f}s scale-down window"
         )
     return values[-1]
 
@@ -585,7 +631,7 @@ def _decide_role(
             pool.limited_by = pool.floor.limit
             pool.notes.append(pool.floor.note)
         pool.move(_stabilized(spec, pool, steady, now), "rate", "stabilization window")
-        up, down = scaling.scale_up.max_step_replicas, scaling.scale_down.max_step_replicas
+        up, down = scaling.scale_up.step(pool.current), scaling.scale_down.step(pool.current)
         pool.move(step_limit(pool.current, pool.value, up, down), "rate", "step limit")
         if warming and pool.value > pool.current:
             pool.move(pool.current, "warmup", "replicas of the last scale-up are still loading")
@@ -657,6 +703,30 @@ def _warm_up(spec: PDDeploymentSpec, pool: _Pool, now: float) -> PoolMemory:
     return PoolMemory(load_seconds=took)
 
 
+def _shed_memory(
+    spec: PDDeploymentSpec, pool: _Pool, now: float
+) -> tuple[float | None, float | None]:
+    """(When the pool last shed a replica, if not judged yet; how long a steady load must last
+    before it may shed the next.) A shed is judged one load time and an interval after it: if
+    the pool grew again by then, the shed was wrong (it cost a load time of breach) and the
+    wait doubles, up to MAX_SHED_WAIT, for both scale-down windows; if not, the shed was
+    right and the windows are the spec's again. (A load in waves a few load times long
+    otherwise shed at every trough and grew back at every crest.)"""
+    memory = pool.memory
+    shed_at, wait = memory.shed_at, memory.shed_wait
+    if shed_at is not None:
+        load = _expected_load_seconds(spec, pool.spec, memory)
+        scale_down = spec.scaling.scale_down
+        if pool.value > pool.current:
+            wait = min(MAX_SHED_WAIT, 2 * max(wait or 0.0, load, scale_down.steady_window_seconds))
+            shed_at = None
+        elif now - shed_at > load + spec.scaling.interval_seconds:
+            shed_at, wait = None, None
+    if pool.value < pool.current:
+        shed_at = now
+    return shed_at, wait
+
+
 def _remember(
     spec: PDDeploymentSpec,
     state: PolicyState,
@@ -666,6 +736,8 @@ def _remember(
     capacities: dict[Role, RoleCapacity],
     futility: dict[Role, tuple[float | None, bool]],
     recents: dict[Role, tuple[Sample, ...]],
+    kv_means: tuple[float | None, float | None],
+    settle: Mapping[Role, float],
     now: float,
 ) -> PolicyState:
     keep = max(
@@ -676,16 +748,19 @@ def _remember(
     for role in ROLES:
         load, capacity, old = loads[role], capacities[role], state.role(role)
         for pool in work[role]:
+            shed_at, shed_wait = _shed_memory(spec, pool, now)
             pools[pool_key(role, pool.spec.name)] = replace(
                 _warm_up(spec, pool, now),
-                recommendations=record(pool.memory.recommendations, now, pool.raw, keep),
-                since=now if pool.memory.since is None else pool.memory.since,
-                ready_runs=record_ready(
-                    pool.memory.ready_runs, now, pool.seen.ready, spec.slo.window_seconds
+                recommendations=record(
+                    pool.memory.recommendations, now, pool.raw, max(keep, shed_wait or 0.0)
                 ),
+                since=now if pool.memory.since is None else pool.memory.since,
+                ready_runs=record_ready(pool.memory.ready_runs, now, pool.seen.ready, settle[role]),
                 capacity_per_replica=(
                     capacity.per_replica[pool.spec.name] if capacity.basis else None
                 ),
+                shed_at=shed_at,
+                shed_wait=shed_wait,
             )
         grew = any(p.value > p.current for p in work[role])
         futile, judged = futility[role]
@@ -705,22 +780,48 @@ def _remember(
             no_traffic_since=_since(old.no_traffic_since, now, load.status == "idle"),
             unavailable_since=_since(old.unavailable_since, now, load.status == "unavailable"),
             stuck_since=_since(old.stuck_since, now, load.nothing_finished),
-            **_running_averages(old, load.running_requests if load.status == "active" else None),
+            **_running_averages(
+                old,
+                _batch(load, work[role]),
+                resized=any(
+                    p.memory.ready_runs and p.memory.ready_runs[-1][1] != p.seen.ready
+                    for p in work[role]
+                ),
+            ),
+            kv_tokens_mean=kv_means[0] if role == "decode" else None,
+            kv_sequences_mean=kv_means[1] if role == "decode" else None,
             recent=recents[role],
         )
     return PolicyState(pools=pools, roles=roles)
 
 
-def _running_averages(old: RoleMemory, running: float | None) -> dict[str, float | None]:
-    """The moving averages of the running requests and their square after one more sample."""
-    if running is None:
-        return {"running_mean": old.running_mean, "running_square_mean": old.running_square_mean}
-    if old.running_mean is None or old.running_square_mean is None:
-        return {"running_mean": running, "running_square_mean": running * running}
-    w = RUNNING_EMA_WEIGHT
+def _batch(load: RoleLoad, pools: list[_Pool]) -> float | None:
+    """Running requests per Ready replica: the batch one replica steps, as the router
+    spreads them. (Summed over replicas, a swing common to all of them would count once per
+    replica.)"""
+    ready = sum(p.seen.ready for p in pools)
+    if load.status != "active" or load.running_requests is None or ready == 0:
+        return None
+    return load.running_requests / ready
+
+
+def _running_averages(
+    old: RoleMemory, batch: float | None, *, resized: bool
+) -> dict[str, float | None]:
+    """The moving averages of the batch and of its change squared after one more sample
+    (None: no sample this decision). A change across a change of Ready replicas is the policy's
+    doing, not a swing of the load, and is not counted; nor is there one before the first two
+    samples (until then the batch has shown no swing)."""
+    mean, change = old.running_mean, old.running_change_square_mean
+    if batch is None:
+        return {"running_mean": mean, "running_change_square_mean": change, "running_last": None}
+    w, last = RUNNING_EMA_WEIGHT, old.running_last
+    if last is not None and not resized:
+        change = w * (batch - last) ** 2 + (1 - w) * (change or 0.0)
     return {
-        "running_mean": w * running + (1 - w) * old.running_mean,
-        "running_square_mean": w * running * running + (1 - w) * old.running_square_mean,
+        "running_mean": batch if mean is None else w * batch + (1 - w) * mean,
+        "running_change_square_mean": change,
+        "running_last": batch,
     }
 
 
@@ -737,7 +838,6 @@ def _role_words(
     memory: RoleMemory,
     now: float,
 ) -> str:
-    window = spec.scaling.scale_down.steady_window_seconds
     since = {"idle": memory.no_traffic_since, "unavailable": memory.unavailable_since}.get(
         load.status
     )
@@ -752,8 +852,9 @@ def _role_words(
         f"schedule {', '.join(schedules)}" if limit == "schedule" else limit for limit in limits
     ]
     limited = f" limited by {', '.join(named)}" if named else ""
-    if any(p.steady_window and p.value < p.current for p in pools):
-        limited += f", load steady: {window}s scale-down window"
+    shrunk = [p.steady_window for p in pools if p.steady_window and p.value < p.current]
+    if shrunk:
+        limited += f", load steady: {max(shrunk):.0f}s scale-down window"
     return f"{role}: {', '.join(moves) or 'hold'}{limited} ({note})"
 
 
@@ -803,13 +904,20 @@ def decide(
         for role in ROLES
     }
     futility: dict[Role, tuple[float | None, bool]] = {}
+    settle = {role: settle_seconds(spec, role, loads) for role in ROLES}
     for role in ROLES:
-        loads[role] = _arriving_capacity(spec, loads[role], work[role], now)
-        futility[role] = _futility(spec, work[role], loads[role], state.role(role), now)
+        loads[role] = _arriving_capacity(loads[role], work[role], now, settle[role])
+        futility[role] = _futility(work[role], loads[role], state.role(role), now, settle[role])
         if futility[role][0] is not None:
             note = f"{loads[role].note}; the last scale-up did not lower this breach"
             loads[role] = replace(loads[role], futile=True, note=note)
     prompts = {role: _mean_prompt(spec, loads, role) for role in ROLES}
+    kv_means = _decode_context(spec, loads["decode"], work["decode"], state.role("decode"))
+    context = replace(
+        state.role("decode"), kv_tokens_mean=kv_means[0], kv_sequences_mean=kv_means[1]
+    ).context_tokens()
+    if context is not None:
+        prompts["decode"] = context
     capacities = {
         role: _capacity(
             spec, role, state=state, loads=loads, pools=work[role], now=now, prompt=prompts[role]
@@ -861,6 +969,8 @@ def decide(
         capacities=capacities,
         futility=futility,
         recents=recents,
+        kv_means=kv_means,
+        settle=settle,
         now=now,
     )
     words = [

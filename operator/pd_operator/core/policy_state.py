@@ -43,6 +43,10 @@ class PoolMemory:
     # Ready replicas over the last SLO window, as (since, ready) runs, oldest first: signals
     # over the window come from these replicas, not only from those Ready now.
     ready_runs: tuple[tuple[float, int], ...] = ()
+    # The last shed, and how long a steady load must last before the next one (None: the
+    # spec's steady window): doubled each time a shed is undone within a load time.
+    shed_at: float | None = None
+    shed_wait: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,21 +64,39 @@ class RoleMemory:
     no_traffic_since: float | None = None
     unavailable_since: float | None = None
     stuck_since: float | None = None  # requests held, none finished
-    # Moving averages of the role's running requests and of their square, one sample per
-    # decision: how much the batch swings around its mean (`batch_dispersion`).
+    # Moving averages of the running requests per Ready replica (the batch) and of the square
+    # of its change from one decision to the next, and the last sample: how much the batch
+    # swings (`batch_dispersion`).
     running_mean: float | None = None
-    running_square_mean: float | None = None
+    running_change_square_mean: float | None = None
+    running_last: float | None = None
+    # Decode: moving averages of the KV tokens and of the sequences holding them, one sample
+    # per decision (`core.policy._decode_context`): their ratio is the context a sequence holds.
+    kv_tokens_mean: float | None = None
+    kv_sequences_mean: float | None = None
     # One (time, demand tokens/s, latency/target) sample per decision over the last scale-down
     # window, oldest first (None where unreadable): whether the load has been steady.
     recent: tuple[tuple[float, float | None, float | None], ...] = ()
 
+    def context_tokens(self) -> float | None:
+        """Tokens of context a running decode sequence holds on average (prompt and answer so
+        far); None until the KV cache has shown it."""
+        tokens, sequences = self.kv_tokens_mean, self.kv_sequences_mean
+        return tokens / sequences if tokens and sequences else None
+
     def batch_dispersion(self) -> float:
-        """Variance over mean of the running requests seen (1 for Poisson arrivals; bursty
-        traffic more); 1 until samples show a mean."""
-        mean, square = self.running_mean, self.running_square_mean
-        if mean is None or square is None or mean <= 0:
+        """How much the running requests swing, as variance over mean (1 for Poisson arrivals;
+        bursty traffic more); 1 until samples show a mean.
+
+        The variance is half the mean square change between successive samples (Allan's), not
+        the spread around the long-run mean: a ramp or a wave the feed-forward follows is no
+        swing it must leave room for (measured around the mean, a ramp from 0 to 900
+        sequences read as 240 and sized decode at 15 replicas for a load 4 carried).
+        """
+        mean, change = self.running_mean, self.running_change_square_mean
+        if mean is None or change is None or mean <= 0:
             return 1.0
-        return max(1.0, (square - mean * mean) / mean)
+        return max(1.0, change / 2 / mean)
 
 
 @dataclass(frozen=True)
