@@ -223,6 +223,15 @@ def test_a_breach_the_histogram_cannot_resolve_neither_grows_nor_holds(decode, g
     observation = observe(SPEC, T0, {("prefill", "p"): 2, ("decode", "d"): 2}, decode=decode)
     decision = decide(SPEC, observation, PolicyState(), T0)
     assert (replicas(decision, "decode", "d") > 2) is grows
+    # The reason says which one decided: the bucket and the demand, or the reading.
+    assert decision is not None
+    if grows:
+        assert "ITL P50 0.5-1.2x target (its histogram bucket)" not in decision.reason
+    else:
+        assert "ITL P50 0.5-1.2x target (its histogram bucket): the demand decides" in (
+            decision.reason
+        )
+        assert "1.24x" not in decision.reason
 
 
 P99 = spec_of({"slo.ttft.percentile": "P99"})
