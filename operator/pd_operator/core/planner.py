@@ -774,27 +774,3 @@ def parse_candidate(text: str, profiles: Mapping[str, HardwareProfile]) -> Candi
         purchase_price=values.get("buy"),
         max_cards=int(values["max"]) if "max" in values else None,
     )
-
-
-def plan_table(result: Plan) -> str:
-    """The plan as a fixed-width table with the predictions and the money underneath."""
-    lines = [f"{'role':<8} {'profile':<10} {'replicas':>8} {'cards':>6} {'cost/h':>10}"]
-    for pool in result.pools:
-        lines.append(
-            f"{pool.role:<8} {pool.candidate.hardware.name:<10} {pool.replicas:>8} "
-            f"{pool.cards:>6} {pool.cost_per_hour:>10.2f}"
-        )
-    payback = result.payback_hours
-    lines += [
-        f"predicted TTFT {result.ttft_ms:,.0f} ms (target {result.target.ttft_ms:,.0f}), "
-        f"ITL {result.itl_ms:.1f} ms (target {result.target.itl_ms:,.0f})",
-        f"cost {result.cost_per_hour:,.2f}/h, {result.cost_per_million_tokens:.3f} per million "
-        f"tokens; revenue {result.revenue_per_hour:,.2f}/h",
-        "payback " + (f"{payback:,.0f} h ({payback / 24:,.1f} days)" if payback else "n/a"),
-    ]
-    if result.infeasible_share > 0:
-        lines.append(
-            f"{result.infeasible_share:.1%} of requests miss the TTFT target even alone on an "
-            "idle replica: not planned for"
-        )
-    return "\n".join(lines)
