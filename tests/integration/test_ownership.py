@@ -21,6 +21,7 @@ from kubetools import (
     patch_pdd,
     wait_for,
     writes,
+    writes_by_kind,
 )
 from pd_operator.core.naming import deployment_name
 from pdcases import minimal
@@ -57,6 +58,31 @@ def owned(api_client, namespace) -> dict[tuple[str, str], tuple[str, str, str]]:
                 item.metadata.resource_version,
             )
     return result
+
+
+def deployments_reported(api_client, namespace) -> bool:
+    """Every Deployment's status is the controller-manager's answer to its current spec."""
+    items = client.AppsV1Api(api_client).list_namespaced_deployment(namespace).items
+    return bool(items) and all(
+        (d.status.observed_generation or 0) >= d.metadata.generation
+        and (d.status.replicas or 0) == (d.spec.replicas or 0)
+        for d in items
+    )
+
+
+def quiet(operator: RunningOperator, seconds: float = 2.0) -> None:
+    """Wait until the operator's queue has stayed empty for `seconds`: an event still on its
+    way would otherwise be handled by the next operator instead."""
+    since: list[float] = []
+
+    def still() -> bool:
+        if not operator.settled():
+            since.clear()
+            return False
+        since[:] = since or [time.monotonic()]
+        return time.monotonic() - since[0] >= seconds
+
+    wait_for(still, what=f"the operator's queue to stay empty for {seconds:g}s")
 
 
 def stalled(api_client, namespace, name) -> dict:
@@ -98,7 +124,13 @@ def test_names_that_read_two_ways_give_each_pddeployment_its_own_children(
             ),
             what="nine children for each of the four PDDeployments",
         )
-        wait_for(first.settled, what="the queue to drain")
+        # The controller-manager's own status writes come after the children: the restarted
+        # operator must find nothing new, so the first one must have seen them all.
+        wait_for(
+            lambda: deployments_reported(api_client, namespace),
+            what="the controller-manager to report every Deployment",
+        )
+        quiet(first)
     finally:
         first.stop()
     for name in every:
@@ -112,7 +144,7 @@ def test_names_that_read_two_ways_give_each_pddeployment_its_own_children(
         wait_for(second.settled, what="the restarted operator to settle")
         after = owned(api_client, namespace)
         assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in objects.items()}
-        assert writes() - before == 0
+        assert writes() - before == 0, writes_by_kind()
     finally:
         second.stop()
 
@@ -161,6 +193,11 @@ def test_a_name_crafted_to_match_another_pddeployments_child_never_touches_it(
     victim = deployment_name("a-prefill", "prefill", "x")  # hashed: the name reads two ways
     wait_for(
         lambda: ("Deployment", victim) in owned(api_client, namespace), what="a-prefill's pool"
+    )
+    # Its resourceVersion is compared below: the controller-manager's status writes first.
+    wait_for(
+        lambda: deployments_reported(api_client, namespace),
+        what="the controller-manager to report every Deployment",
     )
     wait_for(operator.settled, what="the queue to drain")
     before = owned(api_client, namespace)[("Deployment", victim)]
