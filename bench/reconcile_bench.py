@@ -29,7 +29,9 @@ from pd_operator.localcluster.processes import free_port
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"
 NAMESPACE = "bench"
-CHILDREN_PER_OBJECT = 6  # per pool a Deployment and a PodDisruptionBudget; per role a Service
+# Per pool a Deployment and a PodDisruptionBudget, per role a Service; the router's
+# ServiceAccount, Role, RoleBinding, Deployment, PodDisruptionBudget and Service.
+CHILDREN_PER_OBJECT = 12
 
 
 def operator_writes(metrics_url: str, verb: str = "") -> float:
@@ -41,6 +43,27 @@ def operator_writes(metrics_url: str, verb: str = "") -> float:
         for labels, value in re.findall(pattern, text, re.M)
         if f'verb="{verb}"' in labels or not verb
     )
+
+
+def writes_by_kind(metrics_url: str) -> dict[str, float]:
+    """The operator's API writes so far, by verb and kind."""
+    text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
+    pattern = r"^pd_operator_api_writes_total\{([^}]*)\} ([0-9.e+]+)$"
+    found: dict[str, float] = {}
+    for labels, value in re.findall(pattern, text, re.M):
+        named = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        name = f"{named.get('verb')} {named.get('kind')}"
+        found[name] = found.get(name, 0.0) + float(value)
+    return found
+
+
+def operator_events(core: client.CoreV1Api) -> dict[str, int]:
+    """The operator's events in the namespace, by reason."""
+    counts: dict[str, int] = {}
+    for event in core.list_namespaced_event(NAMESPACE).items:
+        if event.source and event.source.component == "pd-operator":
+            counts[event.reason] = counts.get(event.reason, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def settled_writes(metrics_url: str, stable_seconds: float, limit_seconds: float) -> float:
@@ -123,6 +146,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--objects", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--quiet-seconds", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=4, help="the operator's --workers")
     parser.add_argument("--log", default="/tmp/pd-operator-bench.log", help="operator log file")
     return parser.parse_args()
 
@@ -142,7 +166,7 @@ def main() -> int:
             [
                 sys.executable, "-m", "pd_operator", "--kubeconfig", str(cluster.kubeconfig),
                 "--metrics-port", str(metrics_port), "--health-port", "0",
-                "--resync-seconds", "5", "--workers", "4",
+                "--resync-seconds", "5", "--workers", str(args.workers),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -159,7 +183,8 @@ def main() -> int:
                         raise
                     time.sleep(0.2)
             time.sleep(2)  # let kopf start its watches
-            cpu_before = cpu_seconds(operator.pid)
+            pids = {"operator": operator.pid} | {p.name: p.pid for p in cluster.processes}
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
 
             def create(index: int) -> tuple[str, float]:
                 body: dict[str, Any] = copy.deepcopy(template)
@@ -176,30 +201,39 @@ def main() -> int:
 
             converged, pods_made = wait_converged(custom, created, args.timeout)
             creation_writes = settled_writes(metrics_url, 5.0, 120.0)
-            applies = operator_writes(metrics_url, "apply")
+            applies = sum(operator_writes(metrics_url, verb) for verb in ("apply", "create"))
             status_patches = operator_writes(metrics_url, "patch_status")
+            by_kind, event_counts = writes_by_kind(metrics_url), operator_events(core)
             time.sleep(args.quiet_seconds)
             quiet_writes = operator_writes(metrics_url) - creation_writes
-            cpu = cpu_seconds(operator.pid) - cpu_before
+            cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
             rss = peak_rss_mib(operator.pid)
         finally:
             operator.terminate()
             operator.wait(timeout=30)
             log.close()
 
-    latencies = list(converged.values())
-    pod_latencies = list(pods_made.values())
+    per_child = (applies - by_kind.get("create Event", 0)) / args.objects / CHILDREN_PER_OBJECT
     rows = [
         ("objects created", f"{args.objects} in {created_in:.1f} s"),
         ("objects converged (children + status)", f"{len(converged)}/{args.objects}"),
-        ("time to converge p50 / p99 / max", spread(latencies)),
-        ("time until their pods exist p50 / p99 / max", spread(pod_latencies)),
-        ("operator CPU during the run", f"{cpu:.1f} s"),
+        ("time to converge p50 / p99 / max", spread(list(converged.values()))),
+        ("time until their pods exist p50 / p99 / max", spread(list(pods_made.values()))),
+        ("operator CPU during the run", f"{cpu.pop('operator'):.1f} s"),
+        ("control plane CPU during the run", ", ".join(
+            f"{name} {seconds:.1f} s" for name, seconds in cpu.items()
+        )),
         ("operator peak memory (VmHWM)", f"{rss:.0f} MiB"),
         ("API writes per object until settled", f"{creation_writes / args.objects:.2f}"),
-        ("applies per child", f"{applies / args.objects / CHILDREN_PER_OBJECT:.2f}"),
+        ("applies or creates per child (events left out)", f"{per_child:.2f}"),
         ("status patches per object", f"{status_patches / args.objects:.2f}"),
         (f"API writes in {args.quiet_seconds:.0f} s of steady state", f"{quiet_writes:.0f}"),
+        ("writes per object by verb and kind", ", ".join(
+            f"{name} {count / args.objects:.2f}" for name, count in sorted(by_kind.items())
+        )),
+        ("the operator's events per object by reason", ", ".join(
+            f"{reason} {count / args.objects:.2f}" for reason, count in event_counts.items()
+        )),
     ]  # fmt: skip
     print_table(f"reconcile benchmark ({args.objects} PDDeployments, 2 cores)", rows)
     return 0 if len(converged) == args.objects else 1

@@ -22,7 +22,7 @@ from kubernetes import client, config
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pd_operator.localcluster import LocalCluster
 from pd_operator.sim.profile import ClusterProfile, load_profile
-from pd_operator.sim.virtual import VirtualCluster
+from pd_operator.sim.virtual import WRITER_THREADS, VirtualCluster
 from workloads import H200, S5000, deployment
 
 LARGE = Path(__file__).resolve().parents[1] / "config" / "clusters" / "large.yaml"
@@ -149,7 +149,9 @@ def main() -> int:
         default=0.001,
         help="simulated-time factor (default 0.001: an 82 s model load takes 82 ms)",
     )
-    parser.add_argument("--workers", type=int, default=8, help="API writer threads per component")
+    parser.add_argument(
+        "--workers", type=int, default=WRITER_THREADS, help="API writer threads per component"
+    )
     parser.add_argument("--timeout", type=float, default=900, help="give up after this many s")
     args = parser.parse_args()
     print(f"local control plane, {args.nodes} nodes, {args.pods} pods ...", flush=True)

@@ -8,6 +8,7 @@ recorded but not applied.
 
 import copy
 import itertools
+import logging
 import os
 import signal
 import time
@@ -104,8 +105,9 @@ def prefill_replicas(api_client, namespace) -> int:
 
 
 def test_ttft_breach_grows_prefill_and_status_says_why(
-    operator, api_client, namespace, prometheus, engine_metrics
+    operator, api_client, namespace, prometheus, engine_metrics, caplog
 ):
+    caplog.set_level(logging.INFO)
     prefill, decode = engine_metrics("prefill"), engine_metrics("decode")
     create_pdd(api_client, namespace, pdd_body(prometheus.url))
 
@@ -129,6 +131,12 @@ def test_ttft_breach_grows_prefill_and_status_says_why(
     assert obj["status"]["observed"]["ttftMilliseconds"] > 6000
     assert wait_for(lambda: events(api_client, namespace, "ScaledUp"), what="a ScaledUp event")
     assert events(api_client, namespace, "SLOViolated")
+    # The log says the decision once, in one line, and kopf's per-event lines stay out of it.
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    scaled = [line for line in info if "prefill/s5000 1 -> 2" in line]
+    assert len(scaled) == 1, info
+    assert scaled[0].startswith(f"scaling {namespace}/glm-hetero: ")
+    assert not [line for line in info if line.endswith("succeeded.")]
 
 
 def test_unknown_metrics_hold_replicas_and_set_the_condition(operator, api_client, namespace):

@@ -1,8 +1,10 @@
 """The autoscaler's memory survives an operator restart through status.policyMemory: a restarted
-operator decides as the one before it would have. Fakes stand in for the Prometheus reader only."""
+operator decides as the one before it would have; and its log says each decision that changes
+something in one INFO line. Fakes stand in for the Prometheus reader only."""
 
 import copy
 import json
+import logging
 
 import pytest
 
@@ -12,6 +14,7 @@ from pd_operator.core.signals import NO_TRAFFIC, RoleSignals
 from pd_operator.handlers.autoscaler import Autoscaler
 from pdcases import minimal, pool_deployment
 
+LOGGER = "pd_operator.handlers.autoscaler"
 KEY = ("llm", "minimal")
 INTERVAL, WINDOW = 30, 300  # decision interval, scale-down stabilization (the defaults)
 
@@ -81,3 +84,23 @@ def test_unreadable_memory_is_ignored_not_fatal():
     scaler = autoscaler(cluster({"policyMemory": "{not json"}), clock)
     assert scaler.cycle() == 1
     assert scaler.decisions_for(KEY) == {("prefill", "p"): 3, ("decode", "d"): 3}
+
+
+def test_a_scale_down_is_one_info_line_naming_the_object_and_the_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    clock = [1000.0]
+    scaler = autoscaler(cluster(), clock)
+    while clock[0] <= 1000 + WINDOW:  # idle: holds for a whole window, then steps down
+        scaler.cycle()
+        clock[0] += INTERVAL
+    assert scaler.decisions_for(KEY) == {("prefill", "p"): 2, ("decode", "d"): 2}
+    scaler.cycle()  # the same decision again, not yet applied: nothing new to say
+    assert scaler.decisions_for(KEY) == {("prefill", "p"): 2, ("decode", "d"): 2}
+    lines = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(lines) == 1, lines
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.name == LOGGER)
+    line = lines[0]
+    assert line.startswith("scaling llm/minimal: ")
+    assert "prefill/p 3 -> 2" in line and "decode/d 3 -> 2" in line

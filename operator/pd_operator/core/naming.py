@@ -16,6 +16,7 @@ What is left (a crafted name equal to another's hashed one, or an object a user 
 reconciler refuses with `NameConflict` instead of taking it over.
 """
 
+import functools
 import hashlib
 import json
 import re
@@ -58,6 +59,8 @@ def _service_prefixed(full: str) -> str:
     return full if re.match(r"[a-z]", full) else SERVICE_NAME_PREFIX + full
 
 
+# Cached: the autoscaler names every pool of every due object each cycle.
+@functools.lru_cache(maxsize=8192)
 def deployment_name(pdd_name: str, role: str, pool: str) -> str:
     """Name of a pool's Deployment (and its budget): `{pdd}-{role}-{pool}`."""
     return _child_name(pdd_name, f"{pdd_name}-{role}-{pool}", "pool", role, pool)

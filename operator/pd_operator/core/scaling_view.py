@@ -38,6 +38,11 @@ def _milliseconds(reading: Reading) -> int | None:
     return round(float(reading.value) * 1000)
 
 
+def policy_memory_json(decision: Decision) -> str:
+    """The decision's policy memory as status keeps it."""
+    return json.dumps(decision.state.to_dict(), separators=(",", ":"))
+
+
 @dataclass
 class ScalingOutcome:
     """A decision as status shows it, and the facts the operator's metrics report."""
@@ -55,10 +60,12 @@ def scaling_outcome(
     *,
     no_series: Mapping[str, float | None],
     now: float,
+    memory: bool = True,
 ) -> ScalingOutcome:
     """Observed values, the decision, and the conditions SLOMet, MetricsAvailable,
     MetricsConfigured and CapacityAvailable. `no_series`: the roles whose latency query found
-    no series, with since when their pods have been Ready without it (None: none Ready)."""
+    no series, with since when their pods have been Ready without it (None: none Ready).
+    `memory=False` leaves the policy memory out (`policy_memory_json` when it is written)."""
     prefill, decode = observation.signals["prefill"], observation.signals["decode"]
     ttft_ms, itl_ms = _milliseconds(prefill.ttft_seconds), _milliseconds(decode.itl_seconds)
     rps = prefill.requests_per_second.rate_or_zero()
@@ -80,7 +87,7 @@ def scaling_outcome(
             "reason": decision.reason[:1024],
             "limitedBy": decision.limited_by,
         },
-        policy_memory=json.dumps(decision.state.to_dict(), separators=(",", ":")),
+        policy_memory=policy_memory_json(decision) if memory else None,
     )
     slo_met = (
         None if ttft_ms is None else ttft_ms <= spec.slo.ttft.target_milliseconds,

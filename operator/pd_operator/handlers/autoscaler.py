@@ -58,6 +58,7 @@ from pd_operator.core.scaling_view import (
     ScalingOutcome,
     damp_churn,
     finish_scales,
+    policy_memory_json,
     scaling_outcome,
     transition_events,
     unreported_scales,
@@ -113,6 +114,19 @@ def _reported(status: Mapping[str, Any], known: ScalingView | None) -> str | Non
         if decision and decision.get("time")
     ]
     return max(times, default=None)
+
+
+def _as_written(status: Mapping[str, Any], known: ScalingView | None) -> Mapping[str, Any]:
+    """Status with the conditions of the view last kept, which the reconciler writes (or has
+    written): a transition decided in an earlier cycle, while its object waited in the queue,
+    is not announced again."""
+    if known is None:
+        return status
+    conditions = [
+        {"type": c.type, "status": "Unknown" if c.status is None else str(c.status)}
+        for c in known.conditions
+    ]
+    return {**status, "conditions": conditions}
 
 
 def _status_fields(view: ScalingView) -> tuple[Any, ...]:
@@ -383,6 +397,7 @@ class Autoscaler:
             decision,
             no_series=self._no_series(key, observation, now),
             now=now,
+            memory=False,  # serialised below, only when status will be written
         )
         view = outcome.view
         steps = {
@@ -391,9 +406,14 @@ class Autoscaler:
             if wanted != observation.pools[pool_key].replicas
         }
         damp_churn(view, finished, now, scaled=active and bool(steps))
+        advisory = spec.scaling.mode == "Advisory"
         view.events = adopted + transition_events(
-            previous_status, view, decision, observation, advisory=spec.scaling.mode == "Advisory"
+            _as_written(previous_status, known), view, decision, observation, advisory=advisory
         )
+        before = (known.last_decision if known else None) or previous_status.get("lastDecision")
+        with self._lock:
+            last = self._decisions.get(key)
+        _log_decision(key, decision, steps, before, last, advisory=advisory)
         self._update_metrics(key, spec, outcome, decision, observation)
         decided: DecidedReplicas | None = None
         if active:
@@ -415,6 +435,8 @@ class Autoscaler:
             if changed:
                 if previous is not None:  # events not yet handed to the reconciler
                     view.events = previous.events + view.events
+                if view.policy_memory is None:
+                    view.policy_memory = policy_memory_json(decision)
                 self._views[key] = view
             if decided is None:
                 self._decisions.pop(key, None)
@@ -433,19 +455,17 @@ class Autoscaler:
         for role, met in zip(ROLES, outcome.slo_met, strict=True):
             labels = (key[0], key[1], role)
             _set_or_remove(metrics.SLO_MET, labels, None if met is None else float(met))
-            metrics.METRICS_AVAILABLE.labels(*labels).set(0 if role in outcome.missing else 1)
+            _set(metrics.METRICS_AVAILABLE, labels, 0 if role in outcome.missing else 1)
             signals = observation.signals[role]
             latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
             _set_or_remove(metrics.OBSERVED_LATENCY, labels, latency.value)
             target = spec.slo.ttft if role == "prefill" else spec.slo.itl
-            metrics.LATENCY_TARGET.labels(*labels).set(target.target_milliseconds / 1000)
-        metrics.CAPACITY_AVAILABLE.labels(namespace=key[0], pddeployment=key[1]).set(
-            0 if outcome.capacity_short else 1
-        )
+            _set(metrics.LATENCY_TARGET, labels, target.target_milliseconds / 1000)
+        _set(metrics.CAPACITY_AVAILABLE, key, 0 if outcome.capacity_short else 1)
         for pool_key, seen in observation.pools.items():
             values = (seen.replicas, seen.ready, decision.replicas.get(pool_key, seen.replicas))
             for state, value in zip(metrics.POOL_STATES, values, strict=True):
-                metrics.POOL_REPLICAS.labels(*key, *pool_key, state).set(value)
+                _set(metrics.POOL_REPLICAS, (*key, *pool_key, state), value)
         exported = set(observation.pools)
         with self._lock:
             gone = self._exported_pools.get(key, set()) - exported
@@ -499,15 +519,63 @@ class Autoscaler:
         _remove(metrics.CAPACITY_AVAILABLE, key)
 
 
+def _log_decision(
+    key: ObjectKey,
+    decision: Decision,
+    steps: Mapping[PoolKey, tuple[int, int]],
+    before: Mapping[str, Any] | None,
+    last: Mapping[PoolKey, int] | None,
+    *,
+    advisory: bool,
+) -> None:
+    """One INFO line for a decision that changes a pool's replicas or what limits them, once:
+    not again while the same replicas wait to be applied (`last`, the replicas decided before;
+    in Advisory mode, the role totals of `before`, the decision status shows). The first
+    decision's limit is in status; a steady decision logs nothing."""
+    if last is not None:
+        steps = {pool: step for pool, step in steps.items() if last.get(pool) != step[1]}
+    elif before is not None and all(
+        before.get(f"{role}Replicas") == decision.role_replicas(role) for role in ROLES
+    ):
+        steps = {}
+    limit_was = before.get("limitedBy") if before else None
+    limit_changed = limit_was is not None and limit_was != decision.limited_by
+    if not steps and not limit_changed:
+        return
+    changes = [f"{role}/{pool} {old} -> {new}" for (role, pool), (old, new) in steps.items()]
+    if limit_changed:
+        changes.append(f"limitedBy {limit_was} -> {decision.limited_by}")
+    logger.info(
+        "scaling %s/%s%s: %s: %s",
+        *key,
+        " (advisory)" if advisory else "",
+        ", ".join(changes),
+        decision.reason,
+    )
+
+
+# The series this module exports, by gauge and labels: `Gauge.labels` costs more than the
+# `set` itself, and a cycle sets about 16 series per object. Only `_remove` removes them.
+_SERIES: dict[tuple[Gauge, tuple[str, ...]], Gauge] = {}
+
+
+def _set(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
+    series = _SERIES.get((gauge, labels))
+    if series is None:
+        series = _SERIES[(gauge, labels)] = gauge.labels(*labels)
+    series.set(value)
+
+
 def _set_or_remove(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
     """Set a gauge's series, or remove it for an unknown value (absent, not 0)."""
     if value is None:
         _remove(gauge, labels)
     else:
-        gauge.labels(*labels).set(value)
+        _set(gauge, labels, value)
 
 
 def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    _SERIES.pop((gauge, labels), None)
     with contextlib.suppress(KeyError):  # never exported
         gauge.remove(*labels)
 

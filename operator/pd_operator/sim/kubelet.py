@@ -51,6 +51,9 @@ WATCH_SECONDS = 1.0
 MAX_RESTART_BACKOFF_SECONDS = 10.0
 # What the controllers do to pods of a node whose kubelet is gone; everything else is the kubelet's.
 CONTROLLER_ACTIONS = frozenset({"mark_not_ready", "evict"})
+# Actions that only change the pod's status (written by the status manager, not by the action):
+# run on the timer thread, so that a stage is never late behind the writes of other pods.
+STATUS_ACTIONS = frozenset({"create", "start", "ready", "mark_not_ready"})
 
 
 @dataclass
@@ -67,6 +70,12 @@ class PodRun:
     restarts: int = 0
     ip: str = ""
     start_time: str = ""
+    started_at: str = ""  # when the container last started (containerStatuses' startedAt)
+    # The status manager's state: what is yet to be written, merged; whether a write is out;
+    # whether what is yet to be written turns the pod Ready.
+    unsent: dict[str, Any] | None = None
+    writing: bool = False
+    unsent_ready: bool = False
 
 
 @dataclass(order=True)
@@ -97,6 +106,17 @@ def eviction_delay_seconds(pod: Mapping[str, Any]) -> float | None:
         return 0.0
     seconds = [t["tolerationSeconds"] for t in matching if t.get("tolerationSeconds") is not None]
     return float(max(min(seconds), 0)) if seconds else None
+
+
+def _merged(older: Mapping[str, Any] | None, newer: Mapping[str, Any]) -> dict[str, Any]:
+    """Two status patches as one: the newer's fields win, conditions merged by type (as the
+    strategic merge patch of the two in turn would)."""
+    merged = {**(older or {}), **newer}
+    if older and "conditions" in older and "conditions" in newer:
+        by_type = {c["type"]: c for c in older["conditions"]}
+        by_type.update((c["type"], c) for c in newer["conditions"])
+        merged["conditions"] = list(by_type.values())
+    return merged
 
 
 def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -165,18 +185,35 @@ class VirtualKubelet:
                 now = time.monotonic()
                 while self._timers and self._timers[0].due <= now:
                     timer = heapq.heappop(self._timers)
-                    self._pool.submit(self._fire, timer)
+                    if self._status_only(timer):
+                        self._fire(timer)
+                    else:
+                        self._pool.submit(self._fire, timer)
                 wait = self._timers[0].due - now if self._timers else None
                 self._lock.wait(wait)
+
+    def _status_only(self, timer: _Timer) -> bool:
+        """Whether the action only sets status: not a serving pod's (which starts a process)."""
+        if timer.action == "flush":
+            return False
+        run = self.runs.get(timer.uid)
+        return timer.action in STATUS_ACTIONS and run is not None and not self._serves(run)
 
     def _fire(self, timer: _Timer) -> None:
         with self._lock:
             run = self.runs.get(timer.uid)
-            if run is None or run.epoch != timer.epoch or self._stopping:
+            if run is None or self._stopping:
                 return
+            flush = timer.action == "flush"  # the latest status, whatever happened since
             # Only the node controller's eviction acts on a node whose kubelet is gone.
-            if (timer.action in CONTROLLER_ACTIONS) == self.fleet.is_running(run.node):
+            stale = run.epoch != timer.epoch or (
+                (timer.action in CONTROLLER_ACTIONS) == self.fleet.is_running(run.node)
+            )
+            if stale and not flush:
                 return
+        if flush:
+            self._do_flush(run, timer.attempt)
+            return
         try:
             getattr(self, f"_do_{timer.action}")(run)
         except ApiException as error:
@@ -218,9 +255,26 @@ class VirtualKubelet:
                 grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
                 self._after(min(float(grace), SHUTDOWN_SECONDS), run, "delete")
 
-    # -- actions (run on the worker pool) ----------------------------------------------------
+    # -- actions (on the worker pool; those that only set status on the timer thread) --------
 
-    def _patch_status(self, run: PodRun, status: dict[str, Any]) -> None:
+    def _patch_status(self, run: PodRun, status: dict[str, Any], *, ready: bool = False) -> None:
+        """Write a pod's status as the kubelet's status manager does: one write per pod at a
+        time, the latest status merged into it, so a stage passed through while the apiserver
+        was slow to take the previous write is never written. A serving pod's is written now."""
+        if self._serves(run):
+            self._write_status(run, status)
+            if ready:
+                with self._lock:
+                    self.ready_times.append(time.monotonic())
+            return
+        with self._lock:
+            run.unsent = _merged(run.unsent, status)
+            run.unsent_ready = ready or (run.unsent_ready and "conditions" not in status)
+            if not run.writing:
+                run.writing = True
+                self._pool.submit(self._flush, run, 1)
+
+    def _write_status(self, run: PodRun, status: dict[str, Any]) -> None:
         self.calls.request(
             "pod-status",
             "PATCH",
@@ -228,6 +282,44 @@ class VirtualKubelet:
             {"status": status},
             content_type=STRATEGIC_PATCH,
         )
+
+    def _flush(self, run: PodRun, attempt: int) -> None:
+        """Write what is unsent until nothing is; a failed write is tried again later."""
+        while True:
+            with self._lock:
+                status, ready = run.unsent, run.unsent_ready
+                run.unsent, run.unsent_ready = None, False
+                if status is None or self._stopping:
+                    run.writing = False
+                    return
+            try:
+                self._write_status(run, status)
+            except Exception as error:
+                if isinstance(error, ApiException) and error.status == 404:
+                    with self._lock:  # the pod is gone; its DELETED event forgets it
+                        run.writing = False
+                    return
+                log.warning("status of pod %s/%s failed: %s", run.namespace, run.name, error)
+                with self._lock:
+                    if attempt >= ACTION_ATTEMPTS:  # given up; a newer status is still written
+                        attempt = 1
+                        continue
+                    run.writing = False
+                    run.unsent = _merged(status, run.unsent or {})
+                    run.unsent_ready = ready or run.unsent_ready
+                    self._after(1.0 / self.time_scale, run, "flush", attempt + 1)
+                return
+            attempt = 1
+            if ready:
+                with self._lock:
+                    self.ready_times.append(time.monotonic())
+
+    def _do_flush(self, run: PodRun, attempt: int) -> None:
+        with self._lock:
+            if run.writing or run.unsent is None:
+                return
+            run.writing = True
+        self._flush(run, attempt)
 
     def _conditions(self, run: PodRun, *, sandbox: bool, ready: bool) -> list[dict[str, Any]]:
         stamp = now_rfc3339()
@@ -305,6 +397,7 @@ class VirtualKubelet:
             else:
                 offset = next(self._addresses) % (POD_ADDRESSES.num_addresses - 2)
                 run.ip = str(POD_ADDRESSES.network_address + 1 + offset)
+        run.started_at = now_rfc3339()
         self._patch_status(
             run,
             {
@@ -313,7 +406,7 @@ class VirtualKubelet:
                 "podIPs": [{"ip": run.ip}],
                 "conditions": self._conditions(run, sandbox=True, ready=False),
                 "containerStatuses": self._container_statuses(
-                    run, {"running": {"startedAt": now_rfc3339()}}, ready=False, crashed=crashed
+                    run, {"running": {"startedAt": run.started_at}}, ready=False, crashed=crashed
                 ),
             },
         )
@@ -381,6 +474,8 @@ class VirtualKubelet:
     def _do_ready(self, run: PodRun) -> None:
         state = (run.pod.get("status") or {}).get("containerStatuses") or [{}]
         started = (state[0].get("state") or {}).get("running") or {"startedAt": now_rfc3339()}
+        if run.started_at:
+            started = {"startedAt": run.started_at}
         self._patch_status(
             run,
             {
@@ -389,10 +484,10 @@ class VirtualKubelet:
                     run, {"running": started}, ready=True, crashed=run.restarts > 0
                 ),
             },
+            ready=True,
         )
         with self._lock:
             run.stage = "ready"
-            self.ready_times.append(time.monotonic())
 
     def _do_delete(self, run: PodRun) -> None:
         if self.processes is not None:

@@ -36,6 +36,9 @@ BACKUP_RETRY_SECONDS = 10.0
 # A bound pod that the bound-pods watch has not shown after this long is forgotten: its capacity
 # would otherwise stay booked forever if the pod vanished while the watch was relisting.
 ASSUMED_POD_TTL_SECONDS = 60.0
+# `Scheduled` events go out on threads of their own, as kube-scheduler's event broadcaster sends
+# them apart from the bindings: with thousands of pods pending, a binding waits for no event.
+EVENT_WORKERS = 2
 
 
 @dataclass
@@ -95,6 +98,9 @@ class MockScheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="pd-bind")
+        self._events = concurrent.futures.ThreadPoolExecutor(
+            EVENT_WORKERS, thread_name_prefix="pd-scheduled-event"
+        )
 
     def start(self) -> None:
         """Start the scheduling loop."""
@@ -109,6 +115,7 @@ class MockScheduler:
         if self._thread:
             self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._events.shutdown(wait=True, cancel_futures=True)
 
     def _wake(self) -> None:
         """Ask for a scheduling pass. Caller holds the lock."""
@@ -267,8 +274,7 @@ class MockScheduler:
             if placement is not None and not placement.confirmed:
                 placement.expires = time.monotonic() + ASSUMED_POD_TTL_SECONDS
             self.bound_times.append(time.monotonic())
-        # Queued behind the Bindings already submitted: binding first, reporting after.
-        self._pool.submit(
+        self._events.submit(
             self._event,
             pending,
             "Normal",
