@@ -70,19 +70,22 @@ def deployments_reported(api_client, namespace) -> bool:
     )
 
 
-def quiet(operator: RunningOperator, seconds: float = 2.0) -> None:
-    """Wait until the operator's queue has stayed empty for `seconds`: an event still on its
-    way would otherwise be handled by the next operator instead."""
-    since: list[float] = []
+def quiet(operator: RunningOperator, api_client, namespace, names, seconds: float = 3.0) -> None:
+    """Wait until the operator's queue has stayed empty and the PDDeployments unchanged for
+    `seconds` (an autoscaling cycle included: it ticks every second): work still on its way
+    would otherwise be done by the next operator instead."""
+    seen: list[tuple[float, tuple[str, ...]]] = []
 
     def still() -> bool:
-        if not operator.settled():
-            since.clear()
+        versions = tuple(
+            get_pdd(api_client, namespace, name)["metadata"]["resourceVersion"] for name in names
+        )
+        if not operator.settled() or not seen or seen[0][1] != versions:
+            seen[:] = [(time.monotonic(), versions)]
             return False
-        since[:] = since or [time.monotonic()]
-        return time.monotonic() - since[0] >= seconds
+        return time.monotonic() - seen[0][0] >= seconds
 
-    wait_for(still, what=f"the operator's queue to stay empty for {seconds:g}s")
+    wait_for(still, what=f"the operator to have nothing to do for {seconds:g}s")
 
 
 def stalled(api_client, namespace, name) -> dict:
@@ -130,12 +133,13 @@ def test_names_that_read_two_ways_give_each_pddeployment_its_own_children(
             lambda: deployments_reported(api_client, namespace),
             what="the controller-manager to report every Deployment",
         )
-        quiet(first)
+        quiet(first, api_client, namespace, every)
     finally:
         first.stop()
     for name in every:
         assert condition(get_pdd(api_client, namespace, name), "Stalled").get("status") != "True"
-    before = writes()
+    before, kinds = writes(), writes_by_kind()
+    statuses = {name: get_pdd(api_client, namespace, name).get("status") for name in every}
     second = RunningOperator(
         str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
     ).start()
@@ -144,7 +148,17 @@ def test_names_that_read_two_ways_give_each_pddeployment_its_own_children(
         wait_for(second.settled, what="the restarted operator to settle")
         after = owned(api_client, namespace)
         assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in objects.items()}
-        assert writes() - before == 0, writes_by_kind()
+        new = {k: n - kinds.get(k, 0) for k, n in writes_by_kind().items() if n != kinds.get(k)}
+        changed = {
+            (name, key): (was.get(key), now.get(key))
+            for name in every
+            for was, now in [
+                (statuses[name] or {}, get_pdd(api_client, namespace, name).get("status") or {})
+            ]
+            for key in {*was, *now}
+            if was.get(key) != now.get(key)
+        }
+        assert writes() - before == 0, (new, changed)
     finally:
         second.stop()
 
