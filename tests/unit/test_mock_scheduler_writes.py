@@ -13,6 +13,7 @@ from pd_operator.sim.nodes import build_node
 from pd_operator.sim.profile import load_profile
 from pd_operator.sim.scheduler import MockScheduler
 from pdcases import ROOT
+from polling import wait_until
 from workloads import S5000, deployment
 
 TINY = load_profile(ROOT / "config" / "clusters" / "tiny.yaml")
@@ -51,15 +52,6 @@ def pending_pod() -> dict[str, Any]:
         "spec": template["spec"],
         "status": {},
     }
-
-
-def wait_until(check: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_binding_waits_for_the_status_write_already_out_for_its_pod() -> None:

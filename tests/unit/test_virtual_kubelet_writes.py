@@ -7,11 +7,11 @@ stage it passed through on the way.
 """
 
 import threading
-import time
 from typing import Any
 
 from pd_operator.core.hardware import GLM_45_FP8, MTT_S5000, HardwareProfile
 from pd_operator.sim.kubelet import VirtualKubelet
+from polling import wait_until
 from workloads import S5000, deployment
 
 
@@ -55,15 +55,6 @@ def bound_pod() -> dict[str, Any]:
         "spec": {**template["spec"], "nodeName": "node-0"},
         "status": {"phase": "Pending"},
     }
-
-
-def wait_until(check: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_stages_passed_while_a_write_is_out_are_written_as_one_latest_status() -> None:

@@ -720,7 +720,7 @@ class ScheduleSpec(SpecModel):
 def _default_scale_up() -> StepPolicy:
     # Doubling per decision, as the HPA's default: the demand sizes growth, and a step that
     # held a role in breach while a long-output load stepped up (15 -> 51 decode replicas, 4
-    # per interval) cost a quarter of its requests.
+    # per interval) served only a quarter of its requests in time.
     return StepPolicy(stabilization_seconds=0, max_step_replicas=4, max_step_percent=100)
 
 
