@@ -36,6 +36,7 @@ def test_every_quantity_of_the_grammar_parses_to_what_the_kubernetes_client_read
 @example("0.11.0")
 @example(".")
 @example("1e")
+@example("0E ")  # trailing space: once read as 0, the apiserver refuses it
 @example("")
 def test_anything_else_is_a_value_error_never_a_crash(text):
     try:

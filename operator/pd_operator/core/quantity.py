@@ -34,7 +34,8 @@ def parse_quantity(text: str | int) -> Decimal:
     """The exact value of a quantity; ValueError when it is not one."""
     if isinstance(text, int):
         return Decimal(text)
-    match = _PATTERN.match(text.strip())
+    # No trimming: the apiserver's parser refuses " 1" and "1 " too.
+    match = _PATTERN.fullmatch(text)
     if not match:
         raise ValueError(f"not a Kubernetes quantity: {text!r}")
     number, exponent, suffix = match.groups()
