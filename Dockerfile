@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The pd-operator image: `docker build -t <registry>/pd-operator:0.1.0 .` (docs/install.md).
 # Stage 1 builds the wheel and installs it with the pinned dependencies into a virtualenv;
-# stage 2 copies only that virtualenv into a slim image that runs as a non-root user.
+# stage 2 copies only that virtualenv into a slim image that runs as a non-root user. Only the
+# operator package goes in: the tooling (operator/pd_tools: pdctl, simulators, planner) stays out.
 # Pin PYTHON_IMAGE by digest in a release pipeline (python:3.11-slim-bookworm@sha256:...).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -10,10 +11,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/constraints.txt requirements/constraints.txt
-COPY operator/ operator/
+COPY operator/pd_operator/ operator/pd_operator/
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/pd-operator \
  && /opt/pd-operator/bin/pip install --constraint requirements/constraints.txt /wheels/pd_operator-*.whl \
+ && rm /opt/pd-operator/bin/pdctl \
  && /opt/pd-operator/bin/python -m pd_operator --help > /dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -34,10 +34,11 @@ testenv: ## Build or fetch etcd, kube-apiserver, kube-controller-manager, kubect
 	bash hack/testenv.sh
 
 .PHONY: lint
-lint: install ## ruff check, ruff format --check, mypy --strict
+lint: install ## ruff check, ruff format --check, mypy --strict, import-linter layer contracts
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 .PHONY: format
 format: install ## Apply ruff's fixes and formatting
@@ -85,4 +86,4 @@ kind-e2e: ## Build the image, kind load it, helm install the chart, reconcile a 
 
 .PHONY: demo
 demo: install ## The closed loop on one machine, live table, plot + summary (DEMO_ARGS="--duration 60")
-	PD_TESTBIN=$$(bash hack/testenv.sh | tail -n 1) $(BIN)/python -m pd_operator.cli.main demo $(DEMO_ARGS)
+	PD_TESTBIN=$$(bash hack/testenv.sh | tail -n 1) $(BIN)/python -m pd_tools.cli.main demo $(DEMO_ARGS)

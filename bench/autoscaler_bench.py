@@ -26,8 +26,8 @@ from kubernetes import client, config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from kubetools import RunningOperator, create_pdd, wait_for, writes
-from pd_operator.localcluster import LocalCluster, LocalPrometheus
-from pd_operator.localcluster.processes import free_port
+from pd_tools.localcluster import LocalCluster, LocalPrometheus
+from pd_tools.localcluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
-from pd_operator.sim.engine import PDEngine, ReplicaSpec, Role, SimulationResult
-from pd_operator.sim.metrics import EngineMetricsServer, SimPod
-from pd_operator.sim.workload import (
+from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, Role, SimulationResult
+from pd_tools.enginesim.metrics import EngineMetricsServer, SimPod
+from pd_tools.workloads.traces import (
     Request,
     TokenLengths,
     constant_rate,

@@ -34,8 +34,8 @@ from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec
 from pd_operator.cli.arguments import NON_NEGATIVE, POSITIVE
 from pd_operator.core.hardware import GLM_45_FP8
-from pd_operator.sim.engine import ROUTINGS
-from pd_operator.sim.offline import (
+from pd_tools.enginesim.engine import ROUTINGS
+from pd_tools.replay.offline import (
     PEAK_WINDOW_S,
     POLICY_NAMES,
     TABLE_COLUMNS,
@@ -47,7 +47,7 @@ from pd_operator.sim.offline import (
     simulate,
     table_row,
 )
-from pd_operator.sim.workload import ReplayOptions
+from pd_tools.workloads.traces import ReplayOptions
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 SERVEGEN_COMPRESSION = 144.0  # one day of windows per 10 replayed minutes

@@ -57,9 +57,9 @@ from closedloop import (
 from kubetools import RunningOperator, create_pdd, wait_for
 from pd_operator.adapters.promql import VLLM, quantile_query
 from pd_operator.core.naming import deployment_name
-from pd_operator.localcluster import LocalCluster, LocalPrometheus
-from pd_operator.sim.cluster import SimCluster
-from pd_operator.sim.profile import parse_profile
+from pd_tools.localcluster import LocalCluster, LocalPrometheus
+from pd_tools.simcluster.cluster import SimCluster
+from pd_tools.simcluster.profile import parse_profile
 
 # The closed-loop test's operating point (tests/closedloop.py): one S5000 prefill replica meets
 # a 250 ms P50 TTFT at LIGHT load and breaches it at BREACHING; two replicas meet it.

@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from pd_operator.localcluster import LocalCluster
-from pd_operator.localcluster.processes import free_port
+from pd_tools.localcluster import LocalCluster
+from pd_tools.localcluster.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"

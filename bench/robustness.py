@@ -41,8 +41,8 @@ from policies import ATTAINMENT_TARGET, ORACLE_RATIO_TARGET, rivals_against
 from windows import RIVALS
 
 from pd_operator.cli.arguments import POSITIVE
-from pd_operator.sim.families import Scenario, draw_scenarios, examples
-from pd_operator.sim.offline import SimResult, simulate
+from pd_tools.replay.families import Scenario, draw_scenarios, examples
+from pd_tools.replay.offline import SimResult, simulate
 
 POLICIES = ("pd-operator", *RIVALS)
 # The targets over all scenarios.

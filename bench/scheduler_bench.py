@@ -20,9 +20,9 @@ from pathlib import Path
 from kubernetes import client, config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from pd_operator.localcluster import LocalCluster
-from pd_operator.sim.profile import ClusterProfile, load_profile
-from pd_operator.sim.virtual import WRITER_THREADS, VirtualCluster
+from pd_tools.localcluster import LocalCluster
+from pd_tools.simcluster.profile import ClusterProfile, load_profile
+from pd_tools.simcluster.virtual import WRITER_THREADS, VirtualCluster
 from workloads import H200, S5000, deployment
 
 LARGE = Path(__file__).resolve().parents[1] / "config" / "clusters" / "large.yaml"

@@ -1,8 +1,8 @@
 """Serving path under load: simulated prefill and decode engines behind the real vllm-router.
 
-Starts a prefill and a decode `pd_operator.sim.http_engine` process and
+Starts a prefill and a decode `pd_tools.enginesim.http_engine` process and
 `vllm-router --vllm-pd-disaggregation` on their own loopback addresses, then runs a ramp of
-Poisson load through the router with `pd_operator.sim.http_load` (open loop). Per step it prints
+Poisson load through the router with `pd_tools.workloads.http_load` (open loop). Per step it prints
 the streams and requests/s sustained, CPU seconds per 1,000 streamed tokens of each process
 (/proc/PID/stat), and client vs engine TTFT and ITL.
 
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pd_operator.sim.http_load import LoadConfig, LoadResult, run
-from pd_operator.sim.offline_metrics import histogram_quantile
-from pd_operator.sim.workload import TokenLengths, constant_rate, synthetic_requests
+from pd_tools.replay.offline_metrics import histogram_quantile
+from pd_tools.workloads.http_load import LoadConfig, LoadResult, run
+from pd_tools.workloads.traces import TokenLengths, constant_rate, synthetic_requests
 
 VENV_BIN = Path(sys.executable).parent
 TTFT = "vllm:time_to_first_token_seconds"
@@ -352,7 +352,7 @@ def deploy(stack: contextlib.ExitStack, args: argparse.Namespace, logs: Path) ->
         ("decode", decode, args.decode_hardware, "kv_consumer"),
     ):
         argv = [
-            sys.executable, "-m", "pd_operator.sim.http_engine", "vllm", "serve",
+            sys.executable, "-m", "pd_tools.enginesim.http_engine", "vllm", "serve",
             args.model_name, "--host", host, "--port", str(PORT),
             "--tensor-parallel-size", "8", "--kv-transfer-config",
             f'{{"kv_connector":"NixlConnector","kv_role":"{kv_role}"}}',

@@ -44,7 +44,7 @@ from policies import (
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.core.hardware import GLM_45_FP8
-from pd_operator.sim.offline import (
+from pd_tools.replay.offline import (
     POLICY_NAMES,
     check_policy_name,
     example_document,

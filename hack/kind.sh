@@ -44,7 +44,7 @@ up() {
   else
     "$KIND" create cluster --name "$CLUSTER" --config config/kind/kind-cluster.yaml
   fi
-  "$PYTHON" -m pd_operator.sim.kind_mode config/clusters/articles.yaml
+  "$PYTHON" -m pd_tools.simcluster.kind_mode config/clusters/articles.yaml
 }
 
 e2e() {

@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from pd_operator.sim.scheduler import SCHEDULER_NAME
-from pd_operator.sim.workload import RateProfile, RateSegment, TokenLengths, synthetic_requests
+from pd_tools.simcluster.scheduler import SCHEDULER_NAME
+from pd_tools.workloads.traces import RateProfile, RateSegment, TokenLengths, synthetic_requests
 from pdcases import ROOT, load_sample
 
 NAME = "glm"

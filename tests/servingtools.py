@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pd_operator.sim.vllm_api import FILLER_TOKEN
+from pd_tools.enginesim.vllm_api import FILLER_TOKEN
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0

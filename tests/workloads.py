@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from pd_operator.sim.scheduler import SCHEDULER_NAME
+from pd_tools.simcluster.scheduler import SCHEDULER_NAME
 
 # (extended resource, node selector) of the cards in config/clusters/*.yaml.
 Card = tuple[str, dict[str, str]]

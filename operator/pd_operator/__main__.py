@@ -1,8 +1,20 @@
-"""`python -m pd_operator`: run the operator (same as `pdctl run`)."""
+"""`python -m pd_operator`: run the operator (the same command as `pdctl run`)."""
 
 import sys
 
-from pd_operator.cli.main import main
+from pd_operator.cli.arguments import exit_status
+from pd_operator.cli.run import run
 
 if __name__ == "__main__":
-    sys.exit(main(["run", *sys.argv[1:]]))
+    sys.exit(
+        exit_status(
+            lambda: run.main(
+                sys.argv[1:],
+                prog_name="pdctl run",
+                standalone_mode=False,
+                # the same context as under pdctl: defaults shown, -h
+                show_default=True,
+                help_option_names=["-h", "--help"],
+            )
+        )
+    )

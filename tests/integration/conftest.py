@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client, config
 
 from kubetools import RunningOperator
-from pd_operator.localcluster import (
+from pd_tools.localcluster import (
     ExistingCluster,
     LocalCluster,
     LocalClusterError,

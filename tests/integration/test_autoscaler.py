@@ -20,8 +20,8 @@ from prometheus_client import REGISTRY
 
 from fakeengine import FakeEngine
 from kubetools import RunningOperator, condition, create_pdd, events, get_pdd, wait_for
-from pd_operator.localcluster import LocalPrometheus
-from pd_operator.sim.virtual import VirtualCluster
+from pd_tools.localcluster import LocalPrometheus
+from pd_tools.simcluster.virtual import VirtualCluster
 from pdcases import ROOT, load_sample
 
 HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")

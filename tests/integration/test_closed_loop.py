@@ -40,9 +40,9 @@ from closedloop import (
     pdd_body,
 )
 from kubetools import RunningOperator, condition, create_pdd, get_pdd, wait_for
-from pd_operator.localcluster import LocalPrometheus
-from pd_operator.sim.cluster import SimCluster
-from pd_operator.sim.profile import parse_profile
+from pd_tools.localcluster import LocalPrometheus
+from pd_tools.simcluster.cluster import SimCluster
+from pd_tools.simcluster.profile import parse_profile
 
 
 class Watcher:

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from pd_operator.adapters.kube import call_json
 from pd_operator.api import parse_pddeployment
-from pd_operator.localcluster import LocalCluster
-from pd_operator.localcluster.processes import free_port
+from pd_tools.localcluster import LocalCluster
+from pd_tools.localcluster.processes import free_port
 from pdcases import CRD_PATH, INVALID, SAMPLES, load_sample, minimal, schedule
 from schema_tools import normalise
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pd_operator.localcluster import MissingBinaryError, find_binary
+from pd_tools.localcluster import MissingBinaryError, find_binary
 from pdcases import ROOT
 
 TABLE_HEADER = re.compile(r"^pool\s+ready\s+desired\s+pending\s+operator P50\s+target\s+SLO", re.M)
@@ -47,7 +47,7 @@ def binaries() -> None:
 def demo(output: Path, duration_s: float, mark: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
-            *(sys.executable, "-m", "pd_operator.cli.main", "demo", "--workload", "slice"),
+            *(sys.executable, "-m", "pd_tools.cli.main", "demo", "--workload", "slice"),
             *("--duration", str(duration_s), "--output", str(output)),
         ],
         cwd=ROOT,

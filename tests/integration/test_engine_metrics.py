@@ -21,10 +21,10 @@ import pytest
 
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_operator.core.perfmodel import DecodeCoefficients, PrefillCoefficients
-from pd_operator.localcluster import LocalPrometheus
-from pd_operator.sim.engine import VLLM_BUCKETS, LogHistogram, PDEngine, ReplicaSpec, Role
-from pd_operator.sim.metrics import EngineMetricsServer, LiveDriver, SimPod
-from pd_operator.sim.workload import TokenLengths, constant_rate, synthetic_requests
+from pd_tools.enginesim.engine import VLLM_BUCKETS, LogHistogram, PDEngine, ReplicaSpec, Role
+from pd_tools.enginesim.metrics import EngineMetricsServer, LiveDriver, SimPod
+from pd_tools.localcluster import LocalPrometheus
+from pd_tools.workloads.traces import TokenLengths, constant_rate, synthetic_requests
 
 SPEED = 10.0  # simulated seconds per wall second
 WINDOW_S = 20  # PromQL rate window (wall time): 20 scrapes

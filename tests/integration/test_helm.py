@@ -23,8 +23,8 @@ from kubernetes.client.exceptions import ApiException
 
 from kubetools import RunningOperator, condition, create_pdd, get_pdd, wait_for
 from pd_operator.handlers.operator import OperatorConfig, OperatorState
-from pd_operator.localcluster import LocalCluster, LocalClusterError
-from pd_operator.localcluster.processes import MissingBinaryError, find_binary
+from pd_tools.localcluster import LocalCluster, LocalClusterError
+from pd_tools.localcluster.processes import MissingBinaryError, find_binary
 from pdcases import ROOT, load_sample
 
 CHART = ROOT / "charts" / "pd-operator"

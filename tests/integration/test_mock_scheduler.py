@@ -15,12 +15,12 @@ from kubernetes import client, watch
 from pd_operator.core.hardware import GLM_45_FP8, MTT_S5000
 from pd_operator.core.perfmodel import model_load_seconds
 from pd_operator.core.scheduling import REASON_TAINT
-from pd_operator.sim.kind_mode import apply_profile
-from pd_operator.sim.kubelet import POD_ADDRESSES
-from pd_operator.sim.nodes import LABEL_NODE_GROUP, LABEL_VIRTUAL_CLUSTER, LEASE_NAMESPACE
-from pd_operator.sim.profile import load_profile
-from pd_operator.sim.scheduler import SCHEDULER_NAME
-from pd_operator.sim.virtual import VirtualCluster
+from pd_tools.simcluster.kind_mode import apply_profile
+from pd_tools.simcluster.kubelet import POD_ADDRESSES
+from pd_tools.simcluster.nodes import LABEL_NODE_GROUP, LABEL_VIRTUAL_CLUSTER, LEASE_NAMESPACE
+from pd_tools.simcluster.profile import load_profile
+from pd_tools.simcluster.scheduler import SCHEDULER_NAME
+from pd_tools.simcluster.virtual import VirtualCluster
 from pdcases import ROOT
 from workloads import H200, S5000, deployment
 

@@ -21,7 +21,7 @@ from kubernetes import client
 from fakeengine import FakeEngine
 from kubetools import RunningOperator, condition, create_pdd, get_pdd, wait_for
 from pd_operator.adapters.credentials import OPT_IN_LABEL
-from pd_operator.localcluster.pki import CertificateAuthority
+from pd_tools.localcluster.pki import CertificateAuthority
 from pdcases import ROOT, load_sample
 
 HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")

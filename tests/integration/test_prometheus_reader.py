@@ -9,7 +9,7 @@ from kubetools import wait_for
 from pd_operator.adapters.prometheus import PrometheusReader, SignalTarget
 from pd_operator.core.seasonal import forecast
 from pd_operator.core.signals import ReadingKind
-from pd_operator.localcluster.processes import free_port
+from pd_tools.localcluster.processes import free_port
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubetools import RunningOperator, create_pdd, get_pdd, patch_pdd, wait_for
-from pd_operator.sim.http_load import TIMEOUT, LoadConfig, replay
-from pd_operator.sim.pod_processes import service_urls
-from pd_operator.sim.scheduler import SCHEDULER_NAME
-from pd_operator.sim.virtual import VirtualCluster
-from pd_operator.sim.workload import Request
+from pd_tools.simcluster.pod_processes import service_urls
+from pd_tools.simcluster.scheduler import SCHEDULER_NAME
+from pd_tools.simcluster.virtual import VirtualCluster
+from pd_tools.workloads.http_load import TIMEOUT, LoadConfig, replay
+from pd_tools.workloads.traces import Request
 from pdcases import ROOT, load_sample
 
 pytestmark = pytest.mark.integration

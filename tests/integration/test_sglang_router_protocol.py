@@ -1,7 +1,7 @@
 """The real sglang-router drives the PD hand-off between two simulated SGLang engine processes.
 
 A prefill engine (`--disaggregation-mode prefill`, MTT S5000) and a decode engine (`decode`,
-H200) run as `python -m pd_operator.sim.http_engine python3 -m sglang.launch_server ...` on their
+H200) run as `python -m pd_tools.enginesim.http_engine python3 -m sglang.launch_server ...` on their
 own loopback addresses; the unmodified `sglang_router.launch_router --pd-disaggregation` (the
 pinned sglang-router wheel) starts while they still load the model, so it has to wait for their
 /health. It sends every request to both engines at once with the same bootstrap room; the decode
@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pd_operator.sim.vllm_api import FILLER_TOKEN
+from pd_tools.enginesim.vllm_api import FILLER_TOKEN
 from servingtools import (
     REQUEST_TIMEOUT,
     START_TIMEOUT_S,
@@ -54,7 +54,7 @@ def engine_argv(role: str, host: str, port: int, bootstrap_port: int) -> list[st
     """The command line the operator gives a pool pod (core/engine_args.py), with its own
     --host, --port and bootstrap port."""
     argv = [
-        sys.executable, "-m", "pd_operator.sim.http_engine",
+        sys.executable, "-m", "pd_tools.enginesim.http_engine",
         "python3", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--host", host, "--port", str(port), "--tp-size", "8", "--enable-metrics",
         "--context-length", "65536", "--kv-cache-dtype", "fp8_e4m3",

@@ -27,12 +27,12 @@ from kubernetes import client
 from kubetools import RunningOperator, create_pdd, patch_pdd, wait_for
 from pd_operator.adapters.prometheus import PrometheusReader, SignalTarget
 from pd_operator.core.signals import ReadingKind
-from pd_operator.localcluster import LocalPrometheus
-from pd_operator.sim.cluster import SimCluster, SimDeployment, parse_load, parse_target
-from pd_operator.sim.engine import VLLM_BUCKETS, LogHistogram, Role, State
-from pd_operator.sim.nodes import LABEL_VIRTUAL_CLUSTER
-from pd_operator.sim.scheduler import SCHEDULER_NAME
-from pd_operator.sim.workload import ReplayOptions, TokenLengths, constant_rate, synthetic_requests
+from pd_tools.enginesim.engine import VLLM_BUCKETS, LogHistogram, Role, State
+from pd_tools.localcluster import LocalPrometheus
+from pd_tools.simcluster.cluster import SimCluster, SimDeployment, parse_load, parse_target
+from pd_tools.simcluster.nodes import LABEL_VIRTUAL_CLUSTER
+from pd_tools.simcluster.scheduler import SCHEDULER_NAME
+from pd_tools.workloads.traces import ReplayOptions, TokenLengths, constant_rate, synthetic_requests
 from pdcases import ROOT, load_sample
 
 TINY = ROOT / "config" / "clusters" / "tiny.yaml"

@@ -1,7 +1,7 @@
 """The real vllm-router drives the PD hand-off between two simulated engine processes.
 
 A prefill engine (kv_producer, MTT S5000) and a decode engine (kv_consumer, H200) run as
-`python -m pd_operator.sim.http_engine vllm serve ...` on their own loopback addresses; the
+`python -m pd_tools.enginesim.http_engine vllm serve ...` on their own loopback addresses; the
 unmodified `vllm-router --vllm-pd-disaggregation` (the binary of the pinned wheel) starts while
 they still load the model, so it has to wait for their /health. Every answer through the router
 must hold exactly the tokens asked for, and both engines' /metrics must show that every request
@@ -54,7 +54,7 @@ def engine_argv(host: str, port: int, kv_role: str) -> list[str]:
     """The command line the operator gives a pool pod (core/engine_args.py), with a --host."""
     config = json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role})
     return [
-        sys.executable, "-m", "pd_operator.sim.http_engine",
+        sys.executable, "-m", "pd_tools.enginesim.http_engine",
         "vllm", "serve", MODEL, "--port", str(port), "--host", host,
         "--tensor-parallel-size", "8", "--max-model-len", "65536", "--kv-cache-dtype", "fp8",
         "--kv-transfer-config", config,

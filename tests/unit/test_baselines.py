@@ -5,7 +5,7 @@ from pd_operator.api.spec import Role
 from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation, PoolObservation
 from pd_operator.core.signals import Reading, RoleSignals
-from pd_operator.sim.baselines import (
+from pd_tools.replay.baselines import (
     HPA,
     Arrivals,
     DynamoSLA,
@@ -17,9 +17,9 @@ from pd_operator.sim.baselines import (
     _arima_forecast,
     per_replica,
 )
-from pd_operator.sim.offline import example_document, peak_replicas
-from pd_operator.sim.offline_metrics import WindowStats
-from pd_operator.sim.workload import Request
+from pd_tools.replay.offline import example_document, peak_replicas
+from pd_tools.replay.offline_metrics import WindowStats
+from pd_tools.workloads.traces import Request
 
 PREFILL: PoolKey = ("prefill", "s5000")
 DECODE: PoolKey = ("decode", "h200")

@@ -122,7 +122,7 @@ def test_everything_the_build_copies_is_in_the_build_context():
         if keyword == "COPY" and not rest.startswith("--from="):
             *paths, _destination = shlex.split(rest)
             sources += [p.rstrip("/") for p in paths if not p.startswith("--")]
-    assert "operator" in sources and "pyproject.toml" in sources
+    assert "operator/pd_operator" in sources and "pyproject.toml" in sources
     for source in sources:
         assert (ROOT / source).exists(), source
         assert not ignored(source), f".dockerignore excludes {source}, which the Dockerfile copies"
@@ -134,3 +134,17 @@ def test_build_context_leaves_out_local_state_and_secrets():
                  "operator/pd_operator/__pycache__/x.pyc", "operator/pd_operator.egg-info/PKG-INFO",
                  "kubeconfig"):  # fmt: skip
         assert ignored(path), path
+
+
+def test_the_operator_image_carries_the_operator_package_and_not_the_tooling():
+    copied = [
+        path.rstrip("/")
+        for keyword, rest in INSTRUCTIONS
+        if keyword == "COPY" and not rest.startswith("--from=")
+        for path in shlex.split(rest)[:-1]
+    ]
+    assert "operator/pd_operator" in copied
+    assert not any(path in ("operator", "operator/pd_tools") for path in copied), copied
+    # the wheel's `pdctl` script would point at pd_tools, which the image does not have
+    run = " ".join(rest for keyword, rest in INSTRUCTIONS if keyword == "RUN")
+    assert "rm /opt/pd-operator/bin/pdctl" in run

@@ -12,8 +12,8 @@ import yaml
 from click.testing import CliRunner
 
 from pd_operator.cli import run as run_module
-from pd_operator.cli import tables
-from pd_operator.cli.main import main, pdctl
+from pd_tools.cli import tables
+from pd_tools.cli.main import main, pdctl
 from pdcases import ROOT
 from traces import real_trace
 

@@ -12,7 +12,7 @@ from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM
 from pd_operator.core.learning import decode_utilisation, seed_capacity
 from pd_operator.core.perfmodel import DecodeCoefficients
-from pd_operator.sim.offline import example_document
+from pd_tools.replay.offline import example_document
 
 
 def spec(percentile: str) -> PDDeploymentSpec:

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from pd_operator.core.drain import KV_HANDOFF_SECONDS, SETTLE_SECONDS, drain_command
-from pd_operator.localcluster.processes import free_port
+from pd_tools.localcluster.processes import free_port
 
 # Keep the tests short: the settle wait is the only part that is the same for every engine.
 SETTLE = 0.2

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
 from pd_operator.core.perfmodel import DecodeCoefficients, PrefillCoefficients, decode_itl_ms
-from pd_operator.sim.engine import (
+from pd_tools.enginesim.engine import (
     DEFAULT_LINK_BYTES_PER_SECOND,
     ROUTINGS,
     SGLANG_BUCKETS,
@@ -24,8 +24,8 @@ from pd_operator.sim.engine import (
     SimulationResult,
     State,
 )
-from pd_operator.sim.metrics import SGLANG, SGLANG_UNDERSCORE, EngineMetricsServer, SimPod
-from pd_operator.sim.workload import (
+from pd_tools.enginesim.metrics import SGLANG, SGLANG_UNDERSCORE, EngineMetricsServer, SimPod
+from pd_tools.workloads.traces import (
     ReplayOptions,
     Request,
     TokenLengths,

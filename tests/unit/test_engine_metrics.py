@@ -7,10 +7,10 @@ import pytest
 from pd_operator.adapters import promql
 from pd_operator.core import engine_metrics
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
-from pd_operator.sim import metrics as sim_metrics
-from pd_operator.sim.engine import PDEngine, ReplicaSpec, Role
-from pd_operator.sim.metrics import Dialect, EngineMetricsServer, SimPod
-from pd_operator.sim.workload import Request
+from pd_tools.enginesim import metrics as sim_metrics
+from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, Role
+from pd_tools.enginesim.metrics import Dialect, EngineMetricsServer, SimPod
+from pd_tools.workloads.traces import Request
 
 # The spec engine (spec.model.engine) each simulator dialect stands in for.
 SIMULATED = {

@@ -32,7 +32,7 @@ from pd_operator.core.children import (
 )
 from pd_operator.core.engine_args import METRICS_PATH
 from pd_operator.core.router import METRICS_PORT, build_router_deployment
-from pd_operator.localcluster.processes import MissingBinaryError, find_binary
+from pd_tools.localcluster.processes import MissingBinaryError, find_binary
 from pdcases import ROOT, load_sample
 
 SCRAPE = ROOT / "deploy" / "prometheus" / "engine-scrape.yaml"

@@ -40,14 +40,14 @@ from pd_operator.core.router import (
     build_endpoint_service,
     build_router_deployment,
 )
-from pd_operator.sim.http_engine import parse_config
-from pd_operator.sim.vllm_api import FILLER_TOKEN
+from pd_tools.enginesim.http_engine import parse_config
+from pd_tools.enginesim.vllm_api import FILLER_TOKEN
 from pdcases import ROOT, SAMPLES, load_sample
 
 DOCKERFILE = (ROOT / "Dockerfile.engine-sim").read_text()
 SHIMS = ROOT / "hack" / "engine-sim"
 SHIM_NAMES = ("vllm", "python3")
-SIMULATOR = ["-m", "pd_operator.sim.http_engine"]
+SIMULATOR = ["-m", "pd_tools.enginesim.http_engine"]
 HOST = "127.0.79.1"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
@@ -103,7 +103,7 @@ def test_multi_stage_build_installs_the_projects_wheel_on_python_311_slim():
     assert "pip wheel" in build
     # The project's own wheel, no extra (no "[...]"), with the pinned dependencies.
     assert re.search(r"pip install --constraint \S+ /wheels/pd_operator-\*\.whl(\s|$)", build)
-    assert "import pd_operator.sim.http_engine" in build  # the build fails without aiohttp
+    assert "import pd_tools.enginesim.http_engine" in build  # the build fails without aiohttp
     # The final image gets the installed virtualenv, not sources or a compiler.
     assert not final("RUN")
     copies = [shlex.split(rest) for rest in final("COPY")]

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from pd_operator.sim.families import (
+from pd_tools.replay.families import (
     DEPLOYMENTS,
     FAMILIES,
     SHAPES,
@@ -23,7 +23,7 @@ from pd_operator.sim.families import (
     single,
     window_mean,
 )
-from pd_operator.sim.workload import Request, reused_prefix_tokens
+from pd_tools.workloads.traces import Request, reused_prefix_tokens
 
 CHAT = single(LogNormal(770, 1.0, 16, 16_384))
 ANSWER = single(LogNormal(75, 0.9, 1, 2048))

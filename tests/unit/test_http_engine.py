@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.engine_args import engine_command
 from pd_operator.core.hardware import GLM_45_FP8, LLAMA2_70B
-from pd_operator.sim import http_engine
-from pd_operator.sim.http_engine import ConfigError, EngineConfig, parse_config
-from pd_operator.sim.live_engine import LiveEngine
-from pd_operator.sim.vllm_api import FILLER_TOKEN
+from pd_tools.enginesim import http_engine
+from pd_tools.enginesim.http_engine import ConfigError, EngineConfig, parse_config
+from pd_tools.enginesim.live_engine import LiveEngine
+from pd_tools.enginesim.vllm_api import FILLER_TOKEN
 from pdcases import SAMPLES, load_sample
 
 NIXL_PRODUCER = '{"kv_connector":"NixlConnector","kv_role":"kv_producer"}'

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from pd_operator.sim.http_load import (
+from pd_tools.workloads.http_load import (
     BAD_RESPONSE,
     DEADLINE,
     DISCONNECT,
@@ -25,7 +25,7 @@ from pd_operator.sim.http_load import (
     prompt_text,
     run,
 )
-from pd_operator.sim.workload import MOONCAKE_BLOCK_TOKENS, Request
+from pd_tools.workloads.traces import MOONCAKE_BLOCK_TOKENS, Request
 
 
 @dataclass

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pd_operator.localcluster import cluster as localcluster
-from pd_operator.localcluster.cluster import KubectlCluster
-from pd_operator.localcluster.processes import LocalClusterError
+from pd_tools.localcluster import cluster as localcluster
+from pd_tools.localcluster.cluster import KubectlCluster
+from pd_tools.localcluster.processes import LocalClusterError
 
 
 class ScriptedKubectl(KubectlCluster):

@@ -9,9 +9,9 @@ import threading
 import time
 from typing import Any
 
-from pd_operator.sim.nodes import build_node
-from pd_operator.sim.profile import load_profile
-from pd_operator.sim.scheduler import MockScheduler
+from pd_tools.simcluster.nodes import build_node
+from pd_tools.simcluster.profile import load_profile
+from pd_tools.simcluster.scheduler import MockScheduler
 from pdcases import ROOT
 from polling import wait_until
 from workloads import S5000, deployment

@@ -15,15 +15,15 @@ import yaml
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, ScheduleSpec, SeasonalSpec
-from pd_operator.cli.main import main
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, HARDWARE_PROFILES, MTT_S5000
 from pd_operator.core.learning import seed_load_seconds
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
-from pd_operator.sim.baselines import OperatorPolicy, StaticPeak, View
-from pd_operator.sim.engine import ROUTINGS, PDEngine, ReplicaSpec, Role
-from pd_operator.sim.offline import (
+from pd_tools.cli.main import main
+from pd_tools.enginesim.engine import ROUTINGS, PDEngine, ReplicaSpec, Role
+from pd_tools.replay.baselines import OperatorPolicy, StaticPeak, View
+from pd_tools.replay.offline import (
     POLICY_NAMES,
     Cluster,
     NodeType,
@@ -36,8 +36,8 @@ from pd_operator.sim.offline import (
     prescient_schedule,
     simulate,
 )
-from pd_operator.sim.offline_metrics import histogram_quantile, scrape, window_stats
-from pd_operator.sim.workload import (
+from pd_tools.replay.offline_metrics import histogram_quantile, scrape, window_stats
+from pd_tools.workloads.traces import (
     Request,
     TokenLengths,
     constant_rate,

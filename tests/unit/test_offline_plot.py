@@ -8,11 +8,11 @@ import pytest
 from matplotlib.image import imread
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.cli.main import main
 from pd_operator.core.hardware import GLM_45_FP8
-from pd_operator.sim.offline import example_document, simulate
-from pd_operator.sim.offline_plot import plot_result
-from pd_operator.sim.workload import TokenLengths, step_rate, synthetic_requests
+from pd_tools.cli.main import main
+from pd_tools.replay.offline import example_document, simulate
+from pd_tools.replay.offline_plot import plot_result
+from pd_tools.workloads.traces import TokenLengths, step_rate, synthetic_requests
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

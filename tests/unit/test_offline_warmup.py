@@ -8,12 +8,12 @@ import pytest
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec
-from pd_operator.cli.main import main
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import GLM_45_FP8
-from pd_operator.sim.baselines import StaticPeak, View
-from pd_operator.sim.offline import example_document, simulate
-from pd_operator.sim.workload import (
+from pd_tools.cli.main import main
+from pd_tools.replay.baselines import StaticPeak, View
+from pd_tools.replay.offline import example_document, simulate
+from pd_tools.workloads.traces import (
     ReplayOptions,
     Request,
     TokenLengths,

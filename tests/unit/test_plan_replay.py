@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.cli.main import main
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
-from pd_operator.core.planner import (
+from pd_tools.cli.main import main
+from pd_tools.planner.plan_replay import ReplaySearch, cheapest_replayed
+from pd_tools.planner.sizing import (
     Candidate,
     Plan,
     PoolPlan,
@@ -21,10 +22,9 @@ from pd_operator.core.planner import (
     deployment_document,
     plan,
 )
-from pd_operator.sim.baselines import StaticPeak
-from pd_operator.sim.offline import simulate
-from pd_operator.sim.plan_replay import ReplaySearch, cheapest_replayed
-from pd_operator.sim.workload import Request
+from pd_tools.replay.baselines import StaticPeak
+from pd_tools.replay.offline import simulate
+from pd_tools.workloads.traces import Request
 
 MODEL_NAME = "zai-org/GLM-4.5-FP8"
 SLO = Target(ttft_ms=6000, itl_ms=20)

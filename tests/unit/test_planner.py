@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.cli.main import main
-from pd_operator.core import planner
 from pd_operator.core.hardware import GLM_45_FP8, H20, H200_SXM, MTT_S5000
 from pd_operator.core.perfmodel import decode_itl_ms, prefill_tokens_per_second_per_card
-from pd_operator.core.planner import (
+from pd_tools.cli.main import main
+from pd_tools.planner import sizing as planner
+from pd_tools.planner.sizing import (
     Candidate,
     PoolPlan,
     Target,
@@ -26,9 +26,9 @@ from pd_operator.core.planner import (
     no_plan_reason,
     plan,
 )
-from pd_operator.sim.baselines import StaticPeak
-from pd_operator.sim.offline import simulate
-from pd_operator.sim.workload import Request
+from pd_tools.replay.baselines import StaticPeak
+from pd_tools.replay.offline import simulate
+from pd_tools.workloads.traces import Request
 
 LONG = Workload(rate_rps=0.2, input_tokens=131_072, output_tokens=1000)
 # 128K prompts take seconds to prefill on any card; the articles quote TTFT 1-6 s for

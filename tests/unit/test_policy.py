@@ -37,9 +37,9 @@ from pd_operator.core.signals import (
     bucket_of,
     unavailable,
 )
-from pd_operator.sim.engine import PDEngine, ReplicaSpec
-from pd_operator.sim.engine import Role as EngineRole
-from pd_operator.sim.workload import Request
+from pd_tools.enginesim.engine import PDEngine, ReplicaSpec
+from pd_tools.enginesim.engine import Role as EngineRole
+from pd_tools.workloads.traces import Request
 from pdcases import minimal
 
 T0 = 1_000_000.0

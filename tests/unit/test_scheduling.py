@@ -28,8 +28,8 @@ from pd_operator.core.scheduling import (
     static_reason,
     unschedulable_message,
 )
-from pd_operator.sim.nodes import build_node
-from pd_operator.sim.profile import load_profile
+from pd_tools.simcluster.nodes import build_node
+from pd_tools.simcluster.profile import load_profile
 from pdcases import ROOT, load_sample
 
 GPU = "mthreads.com/gpu"

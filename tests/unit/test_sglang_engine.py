@@ -20,10 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.engine_args import engine_command
-from pd_operator.sim import http_engine
-from pd_operator.sim.http_engine import ConfigError, EngineConfig, EngineServer, parse_config
-from pd_operator.sim.sglang_api import RoomOutcome, RoomState, RoomTable, bootstrap_of
-from pd_operator.sim.vllm_api import FILLER_TOKEN
+from pd_tools.enginesim import http_engine
+from pd_tools.enginesim.http_engine import ConfigError, EngineConfig, EngineServer, parse_config
+from pd_tools.enginesim.sglang_api import RoomOutcome, RoomState, RoomTable, bootstrap_of
+from pd_tools.enginesim.vllm_api import FILLER_TOKEN
 from pdcases import SAMPLES, load_sample
 
 MODEL = "zai-org/GLM-4.6-FP8"

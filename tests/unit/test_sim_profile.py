@@ -10,12 +10,12 @@ import pytest
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.observe import summarize_node
 from pd_operator.core.placement import node_admits
-from pd_operator.localcluster.cluster import SERVICE_CIDR
-from pd_operator.sim.kind_mode import main as kind_mode
-from pd_operator.sim.kind_mode import metadata_patch, plan, pointer_token, status_patch
-from pd_operator.sim.kubelet import POD_ADDRESSES
-from pd_operator.sim.nodes import LABEL_NODE_GROUP, NODE_ADDRESSES, build_node
-from pd_operator.sim.profile import MAX_NODES, load_profile, parse_profile
+from pd_tools.localcluster.cluster import SERVICE_CIDR
+from pd_tools.simcluster.kind_mode import main as kind_mode
+from pd_tools.simcluster.kind_mode import metadata_patch, plan, pointer_token, status_patch
+from pd_tools.simcluster.kubelet import POD_ADDRESSES
+from pd_tools.simcluster.nodes import LABEL_NODE_GROUP, NODE_ADDRESSES, build_node
+from pd_tools.simcluster.profile import MAX_NODES, load_profile, parse_profile
 from pdcases import ROOT, SAMPLES, load_sample
 
 CLUSTERS = ROOT / "config" / "clusters"

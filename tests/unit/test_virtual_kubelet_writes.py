@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 from pd_operator.core.hardware import GLM_45_FP8, MTT_S5000, HardwareProfile
-from pd_operator.sim.kubelet import VirtualKubelet
+from pd_tools.simcluster.kubelet import VirtualKubelet
 from polling import wait_until
 from workloads import S5000, deployment
 

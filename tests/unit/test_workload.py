@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pd_operator.sim.workload import (
+from pd_tools.workloads.traces import (
     COPY_HASH_ID_STRIDE,
     ReplayOptions,
     Request,

@@ -126,3 +126,36 @@ def known(value: str, flag: str, names: Collection[str], what: str) -> str:
 
 def _list(names: Collection[str]) -> str:
     return ", ".join(sorted(names))
+
+
+def one_line(error: click.ClickException) -> str:
+    """The error as `pdctl COMMAND: --option: what it wants`."""
+    ctx = error.ctx if isinstance(error, click.UsageError) else None
+    where = ctx.command_path if ctx else "pdctl"
+    if isinstance(error, click.exceptions.NoArgsIsHelpError):
+        return error.format_message()  # the help: what the command takes
+    if (
+        isinstance(error, click.BadParameter)
+        and not isinstance(error, click.MissingParameter)
+        and error.param is not None
+    ):
+        if isinstance(error.param, click.Option):
+            name = max(error.param.opts, key=len)
+        else:
+            name = error.param.human_readable_name
+        return f"{where}: {name}: {error.message}"
+    return f"{where}: {error.format_message()}"
+
+
+def exit_status(call: Callable[[], Any]) -> int:
+    """Run a click command's `main(..., standalone_mode=False)`: its exit status, and input it
+    cannot use as one line on stderr naming the option (exit 2), never a traceback."""
+    try:
+        result = call()
+        return result if isinstance(result, int) else 0
+    except click.ClickException as error:
+        click.echo(one_line(error), err=True)
+        return error.exit_code
+    except click.Abort:  # Ctrl-C outside a command's own handling
+        click.echo("pdctl: interrupted", err=True)
+        return 130

@@ -1,7 +1,7 @@
 """The metric names each inference engine (version) exports: one table for reader and writer.
 
 The operator's Prometheus reader (adapters/promql.py) queries these names and the engine
-simulator (sim/metrics.py) writes them; both derive their tables from this one, so what the
+simulator (enginesim/metrics.py) writes them; both derive their tables from this one, so what the
 simulator writes is what the operator reads. Counters are named without the `_total` that
 their samples carry, histograms without the `_bucket`/`_sum`/`_count` suffixes.
 """

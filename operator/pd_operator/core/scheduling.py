@@ -1,6 +1,6 @@
 """Which node a pod fits on, and kube-scheduler's words when none does.
 
-The fit logic of the mock scheduler (`pd_operator.sim`): the filters of kube-scheduler's default
+The fit logic of the mock scheduler (`pd_tools.simcluster`): the filters of kube-scheduler's default
 profile that decide where accelerator pods go, in its order (NodeUnschedulable, TaintToleration,
 NodeAffinity, NodeResourcesFit), a most-allocated score that packs cards onto as few nodes as
 possible, and the FailedScheduling message. Like kube-scheduler, a node that is not Ready is kept
