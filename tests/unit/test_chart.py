@@ -48,6 +48,9 @@ NAMESPACED_RIGHTS: set[Rule] = {
     ("pdoperator.io", "pddeployments/status", "patch"),
     # blockOwnerDeletion on children, under OwnerReferencesPermissionEnforcement.
     ("pdoperator.io", "pddeployments/finalizers", "update"),
+    # Mode External: the PDPools it creates and deletes, and their status (never their spec).
+    *{("pdoperator.io", "pdpools", v) for v in ("list", "watch", "create", "patch", "delete")},
+    ("pdoperator.io", "pdpools/status", "patch"),
     *{
         (group, resource, verb)
         for group, resource in (
@@ -232,8 +235,14 @@ def test_crd_is_a_template_that_helm_upgrade_upgrades_and_uninstall_keeps():
     for crd, source in zip(rendered, sources, strict=True):
         assert crd["spec"] == source["spec"]
         assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    unkept = one(render({"crds": {"install": True, "keep": False}}), "CustomResourceDefinition")
-    assert "helm.sh/resource-policy" not in unkept["metadata"].get("annotations", {})
+    unkept = [
+        o
+        for o in render({"crds": {"install": True, "keep": False}})
+        if o["kind"] == "CustomResourceDefinition"
+    ]
+    assert len(unkept) == len(sources)
+    for crd in unkept:
+        assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
     elsewhere = render({"crds": {"install": False, "keep": True}})
     assert not [o for o in elsewhere if o["kind"] == "CustomResourceDefinition"]
 
@@ -433,14 +442,24 @@ def test_aggregated_roles_extend_view_and_edit_to_pddeployments():
     assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
     assert rights(view["rules"]) == {
         ("pdoperator.io", resource, verb)
-        for resource in ("pddeployments", "pddeployments/status")
+        for resource in (
+            "pddeployments",
+            "pddeployments/status",
+            "pdpools",
+            "pdpools/status",
+            "pdpools/scale",
+        )
         for verb in ("get", "list", "watch")
     }
     labels = edit["metadata"]["labels"]
     assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
     assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
-    # Users edit the spec; only the operator writes status.
-    assert {r[1] for r in rights(edit["rules"])} == {"pddeployments"}
+    # Users edit the spec (and scale PDPools); only the operator writes status.
+    assert {r[1] for r in rights(edit["rules"])} == {"pddeployments", "pdpools", "pdpools/scale"}
+    assert {r[2] for r in rights(edit["rules"]) if r[1].startswith("pdpools")} == {
+        "update",
+        "patch",
+    }
     off = render({"rbac": {"create": True, "aggregateToDefaultRoles": False}})
     assert not [o for o in off if o["metadata"]["name"].endswith(("-view", "-edit"))]
 

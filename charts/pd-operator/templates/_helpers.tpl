@@ -61,7 +61,8 @@ What the operator does in each namespace it serves, and nothing more (adapters/k
 handlers/operator.py): watch PDDeployments and patch their status; server-side apply (create +
 patch), delete, list and watch the Deployments, Services and PodDisruptionBudgets it owns, and
 each router's ServiceAccount, Role (list/watch pods: rights the operator holds, so no
-escalation), RoleBinding and HorizontalPodAutoscaler; watch their pods; post
+escalation), RoleBinding and HorizontalPodAutoscaler, and the PDPools of mode External (and
+their status); watch their pods; post
 Events (the operator's and kopf's own, both POST only). No get, except on the Secrets that
 spec.scaling.prometheus names (rbac.readPrometheusSecrets): every other read comes from a watch,
 and Secrets are never listed or watched.
@@ -78,6 +79,14 @@ and Secrets are never listed or watched.
 - apiGroups: ["pdoperator.io"]
   resources: ["pddeployments/finalizers"]
   verbs: ["update"]
+# Mode External: each role's PDPool (the /scale target of an HPA, KEDA or GitOps), created
+# and deleted by the operator, which writes its status and never its spec.replicas.
+- apiGroups: ["pdoperator.io"]
+  resources: ["pdpools"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: ["pdoperator.io"]
+  resources: ["pdpools/status"]
+  verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["list", "watch", "create", "patch", "delete"]

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from pd_operator.adapters import metrics
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.api.document import yaml_problem
+from pd_operator.api.pdpool import POOL_KIND, POOL_PLURAL
 
 FIELD_MANAGER = "pd-operator"
 
@@ -32,6 +33,7 @@ PLURALS = {
     "RoleBinding": "rolebindings",
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PDDeployment": PLURAL,
+    POOL_KIND: POOL_PLURAL,
 }
 
 
@@ -147,13 +149,15 @@ class KubeWriter:
         metrics.API_WRITES.labels(verb="apply", kind=manifest["kind"]).inc()
         return result
 
-    def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    def create(self, manifest: Mapping[str, Any], *, as_applied: bool = True) -> dict[str, Any]:
         """Create a child that must not exist yet (409 AlreadyExists if it does: an apply would
         take the other object over). Unknown fields are refused as an apply refuses them.
 
         A create records its fields under an Update manager, which a later apply could never
         remove; the second write turns that entry into our Apply entry, so the object is
-        exactly as if it had been applied."""
+        exactly as if it had been applied. `as_applied=False` keeps the Update entry: for a
+        field set on creation only (a PDPool's spec.replicas), which a later apply that leaves
+        it out must not remove."""
         meta = manifest["metadata"]
         collection = object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
         created = self._call(
@@ -164,6 +168,8 @@ class KubeWriter:
             [("fieldManager", FIELD_MANAGER), ("fieldValidation", "Strict")],
         )
         metrics.API_WRITES.labels(verb="create", kind=manifest["kind"]).inc()
+        if not as_applied:
+            return created
         return self._own_as_applier(created, f"{collection}/{meta['name']}")
 
     def _own_as_applier(self, created: dict[str, Any], path: str) -> dict[str, Any]:
@@ -230,13 +236,26 @@ class KubeWriter:
                 raise
         metrics.API_WRITES.labels(verb="delete", kind=kind).inc()
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Replace the PDDeployment's status whole (we own all of it): a merge patch would keep
-        every key it does not name, so a value that became unknown would stay at its last one."""
-        path = object_path(f"{GROUP}/{VERSION}", "PDDeployment", namespace, name) + "/status"
-        replace = [{"op": "add", "path": "/status", "value": dict(status)}]
-        self._call("PATCH", path, replace, "application/json-patch+json")
-        metrics.API_WRITES.labels(verb="patch_status", kind="PDDeployment").inc()
+    def patch_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        kind: str = "PDDeployment",
+        uid: str | None = None,
+    ) -> dict[str, Any]:
+        """Replace the status of a PDDeployment (or a PDPool) whole (we own all of it): a merge
+        patch would keep every key it does not name, so a value that became unknown would stay
+        at its last one. `uid`: only if the object is still that one (422 otherwise)."""
+        path = object_path(f"{GROUP}/{VERSION}", kind, namespace, name) + "/status"
+        replace: list[dict[str, Any]] = (
+            [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+        )
+        replace.append({"op": "add", "path": "/status", "value": dict(status)})
+        result = self._call("PATCH", path, replace, "application/json-patch+json")
+        metrics.API_WRITES.labels(verb="patch_status", kind=kind).inc()
+        return result
 
     def post_event(
         self, involved: Mapping[str, Any], event_type: str, reason: str, message: str

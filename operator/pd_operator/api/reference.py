@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pd_operator.api.crd import build_crd
+from pd_operator.api.crd import build_crd, build_pdpool_crd
 
 HEADER = """# PDDeployment API reference (pdoperator.io/v1alpha1)
 
@@ -69,10 +69,27 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
     return rows
 
 
+POOL_HEADER = """
+## PDPool
+
+One role of a PDDeployment in `spec.scaling.mode: External`, named `<pdd>-prefill` or
+`<pdd>-decode` and owned by it: the `/scale` target of an HPA, a KEDA ScaledObject or a GitOps
+tool (docs/autoscaling.md, "External mode"). Status carries `replicas`, `readyReplicas`,
+`desiredReplicas`, `limitedBy`, `message` and `selector`.
+
+| field | type | default | limits | description |
+|---|---|---|---|---|
+"""
+
+
+def _spec_rows(crd: dict[str, Any]) -> str:
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return "\n".join(_rows(schema["properties"]["spec"], "spec", True)) + "\n"
+
+
 def render_reference() -> str:
-    """The markdown reference of `spec`."""
-    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return HEADER + "\n".join(_rows(schema["properties"]["spec"], "spec", True)) + "\n"
+    """The markdown reference of the PDDeployment's and the PDPool's `spec`."""
+    return HEADER + _spec_rows(build_crd()) + POOL_HEADER + _spec_rows(build_pdpool_crd())
 
 
 def main(argv: list[str] | None = None) -> int:

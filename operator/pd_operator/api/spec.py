@@ -55,7 +55,7 @@ Percentile = Literal["P50", "P90", "P95", "P99"]
 # The share of requests each percentile says meet the target.
 PERCENTILE_SHARES: dict[str, float] = {"P50": 0.5, "P90": 0.9, "P95": 0.95, "P99": 0.99}
 # Not "Off": YAML 1.1 parsers (PyYAML, go-yaml v2 in kubectl) read a bare Off as false.
-ScalingMode = Literal["Active", "Advisory", "Disabled"]
+ScalingMode = Literal["Active", "Advisory", "Disabled", "External"]
 Role = Literal["prefill", "decode"]
 ROLE_NAMES: tuple[Role, Role] = ("prefill", "decode")
 
@@ -770,7 +770,9 @@ class ScalingSpec(SpecModel):
     mode: ScalingMode = Field(
         "Active",
         description="Active applies decisions; Advisory records them only; "
-        "Disabled leaves replicas alone.",
+        "Disabled leaves replicas alone; External takes each role's replicas from its PDPool "
+        "(`<name>-prefill`, `<name>-decode`: the /scale target of an HPA, KEDA or GitOps), "
+        "within replicas.min/max, free capacity and prefillToDecodeRatio.",
     )
     interval_seconds: Annotated[int, Field(ge=5, le=3600), WHOLE_NUMBER] = Field(
         30, description="Decision interval in seconds."

@@ -75,6 +75,25 @@ class Decision(StatusModel):
     limited_by: LimitedBy = "none"
 
 
+class ExternalScaling(StatusModel):
+    """One role in mode External: what its PDPool asks and what the operator runs."""
+
+    role: Role
+    pd_pool: str = Field(max_length=63, description="The role's PDPool.")
+    requested_replicas: int | None = Field(
+        None,
+        description="The PDPool's spec.replicas; absent while it does not exist or is not this "
+        "PDDeployment's (replicas then hold).",
+    )
+    replicas: int = Field(
+        0,
+        description="Replicas the operator runs for the role, all pools together: the request "
+        "within replicas.min/max, free capacity and prefillToDecodeRatio.",
+    )
+    limited_by: LimitedBy = Field("none", description="What made replicas differ from the request.")
+    message: str = Field("", max_length=1024)
+
+
 class PDDeploymentStatus(StatusModel):
     """Status of a PDDeployment."""
 
@@ -86,6 +105,10 @@ class PDDeploymentStatus(StatusModel):
         None, description="In-cluster URL of the OpenAI API (the router's Service)."
     )
     router: RouterStatus | None = None
+    external_scaling: list[ExternalScaling] = Field(
+        default_factory=list,
+        description="Mode External: each role's PDPool request and what the operator runs.",
+    )
     observed: ObservedSignals | None = None
     last_decision: Decision | None = None
     policy_memory: str | None = Field(

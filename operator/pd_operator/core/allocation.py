@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pd_operator.api.spec import PoolSpec, RatioGuardrail
 from pd_operator.api.status import LimitedBy
 from pd_operator.core.capacity import FreeCapacity
+from pd_operator.core.decision import PoolObservation
 
 EPSILON = 1e-9
 Run = tuple[float, float, int]  # (first, last decision time, recommended replicas)
@@ -35,6 +36,19 @@ def ceiling(slot: Slot, placed: int, ledger: FreeCapacity | None) -> int | None:
     if ledger is None:
         return placed if slot.blocked else None
     return placed + ledger.fits(slot.pool)
+
+
+def reserve(
+    pool: PoolSpec, seen: PoolObservation, ledger: FreeCapacity | None
+) -> tuple[int, FreeCapacity | None]:
+    """The pool's placeable replicas (bound to a node, or waiting with room that this takes
+    from the ledger, so it is not promised again) and the ledger after; without a node view,
+    all but the unschedulable."""
+    if ledger is None:
+        return seen.replicas - seen.unschedulable, None
+    scheduled = seen.replicas - seen.unschedulable if seen.scheduled is None else seen.scheduled
+    fitting = min(max(0, seen.replicas - scheduled), ledger.fits(pool))
+    return scheduled + fitting, ledger.take(pool, fitting)
 
 
 @dataclass(frozen=True)

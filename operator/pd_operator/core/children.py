@@ -1,6 +1,7 @@
 """Desired child objects of a PDDeployment, built whole as data for server-side apply.
 
-Per role one ClusterIP Service over all of the role's pools; per pool one Deployment and (unless
+Per role one ClusterIP Service over all of the role's pools (and, in scaling mode External, one
+PDPool: the role's /scale target); per pool one Deployment and (unless
 `spec.disruptionBudget.enabled` is false) one PodDisruptionBudget of the same name. Each
 manifest carries only the fields the operator owns (field manager `pd-operator`); fields that
 the apiserver or other controllers set (clusterIP, status, defaults) are left out. Children get
@@ -13,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pd_operator.api.document import API_VERSION, KIND, PDDeployment
+from pd_operator.api.pdpool import POOL_KIND
 from pd_operator.api.spec import PodTemplateOverrides, PoolSpec, PoolTemplateOverrides, Role
 from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import (
@@ -24,7 +26,7 @@ from pd_operator.core.engine_args import (
     engine_env,
     engine_port,
 )
-from pd_operator.core.naming import deployment_name, service_name
+from pd_operator.core.naming import deployment_name, pdpool_name, service_name
 
 Manifest = dict[str, Any]
 PoolKey = tuple[Role, str]
@@ -338,6 +340,26 @@ def build_disruption_budget(pdd: PDDeployment, role: Role, pool: PoolSpec) -> Ma
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
+
+
+def pod_selector(pdd_name: str, role: Role) -> str:
+    """The role's pods as a label selector string (a PDPool's status.selector, for /scale)."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(pdd_name, role).items())
+
+
+def build_pdpool(pdd: PDDeployment, role: Role, replicas: int | None = None) -> Manifest:
+    """The PDPool of a role (mode External). `replicas` only for the create: afterwards
+    spec.replicas belongs to whoever scales the role (HPA, KEDA, GitOps), so an apply leaves it
+    out."""
+    name = pdd.metadata.name
+    manifest: Manifest = {
+        "apiVersion": API_VERSION,
+        "kind": POOL_KIND,
+        "metadata": _metadata(pdd, pdpool_name(name, role), child_labels(name, role)),
+    }
+    if replicas is not None:
+        manifest["spec"] = {"replicas": replicas}
+    return manifest
 
 
 def desired_children(pdd: PDDeployment, replicas: Mapping[PoolKey, int]) -> list[Manifest]:

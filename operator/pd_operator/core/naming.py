@@ -2,8 +2,9 @@
 
 Children are named from the parent and the pool, so a reconcile finds the same objects again
 without bookkeeping: `{pdd}-{role}-{pool}` for a pool's Deployment and budget, `{pdd}-{role}`
-for a role's Service, `{pdd}-router` for the router's objects and `{pdd}` for the endpoint
-Service (`pd-` first for a Service whose name would start with a digit).
+for a role's Service and its PDPool (mode External), `{pdd}-router` for the router's objects
+and `{pdd}` for the endpoint Service (`pd-` first for a Service whose name would start with a
+digit).
 
 Names joined with '-' can be read two ways (`a` with pool `prefill-x` and `a-prefill` with
 pool `x` both give `a-prefill-prefill-x`; `1a` and `pd-1a` both give `pd-1a-prefill`). A
@@ -80,3 +81,9 @@ def endpoint_service_name(pdd_name: str) -> str:
     """Name of the PDDeployment's endpoint Service: its own name (`pd-` first when it starts with
     a digit, as a Service name must start with a letter)."""
     return _child_name(pdd_name, _service_prefixed(pdd_name), "endpoint")
+
+
+def pdpool_name(pdd_name: str, role: str) -> str:
+    """Name of a role's PDPool (mode External): `{pdd}-{role}`; a PDPool is no Service, so no
+    `pd-` prefix."""
+    return _child_name(pdd_name, f"{pdd_name}-{role}", "pdpool", role)

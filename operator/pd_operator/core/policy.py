@@ -25,6 +25,7 @@ from pd_operator.core.allocation import (
     record,
     record_ready,
     repair_ratio,
+    reserve,
     shrink,
     stabilize,
     step_limit,
@@ -197,15 +198,7 @@ def _expected_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec, memory: PoolM
 def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | None:
     """Room for pods that exist but are not bound yet, so it is not promised again."""
     for pool in pools:
-        seen = pool.seen
-        scheduled = seen.replicas - seen.unschedulable if seen.scheduled is None else seen.scheduled
-        waiting = max(0, seen.replicas - scheduled)
-        if ledger is None:
-            pool.placeable = seen.replicas - seen.unschedulable
-            continue
-        fitting = min(waiting, ledger.fits(pool.spec))
-        ledger = ledger.take(pool.spec, fitting)
-        pool.placeable = scheduled + fitting
+        pool.placeable, ledger = reserve(pool.spec, pool.seen, ledger)
     return ledger
 
 
@@ -866,13 +859,14 @@ def decide(
     *,
     wall_clock: float | None = None,
 ) -> Decision | None:
-    """Desired replicas of every pool for this interval; None when scaling is Disabled.
+    """Desired replicas of every pool for this interval; None when scaling is Disabled or
+    External (each role's PDPool decides, `core.external`).
 
     Advisory decides exactly as Active: the caller records the decision and does not apply it.
     `wall_clock` is the Unix time the schedules read; None: `now`, which is the operator's
     (the simulator's `now` is replay seconds, the clock of its signals).
     """
-    if spec.scaling.mode == "Disabled":
+    if spec.scaling.mode in ("Disabled", "External"):
         return None
     work = {
         role: [

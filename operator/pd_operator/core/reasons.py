@@ -10,6 +10,8 @@ METRICS_AVAILABLE = "MetricsAvailable"
 METRICS_CONFIGURED = "MetricsConfigured"
 CAPACITY_AVAILABLE = "CapacityAvailable"
 SEASONAL_HISTORY = "SeasonalHistory"
+# Mode External: whether each role runs what its PDPool asks.
+EXTERNAL_SCALING = "ExternalScaling"
 
 # Reasons.
 AS_EXPECTED = "AsExpected"
@@ -35,6 +37,9 @@ NO_READY_PODS = "NoReadyPods"
 CAPACITY_EXHAUSTED = "CapacityExhausted"
 HISTORY_FOUND = "HistoryFound"
 HISTORY_MISSING = "HistoryMissing"
+AS_REQUESTED = "AsRequested"
+OVERRIDDEN = "Overridden"
+PDPOOL_MISSING = "PDPoolMissing"
 
 # Event reasons.
 EVENT_STALLED = "Stalled"
@@ -49,3 +54,5 @@ EVENT_METRICS_MISCONFIGURED = "MetricsMisconfigured"
 METRICS_MISCONFIGURED = "MetricsMisconfigured"
 NO_READY_PODS = "NoReadyPods"
 EVENT_CAPACITY_EXHAUSTED = "CapacityExhausted"
+# Mode External: a role runs other than its PDPool asks (bounds, capacity, ratio).
+EVENT_SCALE_OVERRIDDEN = "ScaleOverridden"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pd_operator.api import PDDeployment, PoolSpec, Role
+from pd_operator.api.pdpool import POOL_KIND
 from pd_operator.core import reasons
 from pd_operator.core.children import (
     LABEL_POOL,
@@ -19,12 +20,13 @@ from pd_operator.core.children import (
     ROLES,
     Manifest,
     PoolKey,
+    build_pdpool,
     child_key,
     desired_children,
 )
-from pd_operator.core.decision import DecidedReplicas
+from pd_operator.core.decision import DecidedReplicas, PoolObservation
 from pd_operator.core.naming import deployment_name
-from pd_operator.core.observe import NodeSummary
+from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.placement import allocatable, node_admits
 from pd_operator.core.quantity import same_quantity
 from pd_operator.core.router import router_children
@@ -38,6 +40,9 @@ ANNOTATION_DESIRED_REPLICAS = "pdoperator.io/desired-replicas"
 ANNOTATION_LAST_SCALE = "pdoperator.io/last-scale"
 
 ChildKey = tuple[str, str, str]  # (apiVersion, kind, name)
+# Kinds whose created fields stay with the create: a field the operator sets only once (a
+# PDPool's spec.replicas, then HPA's) must not be removed by a later apply that leaves it out.
+CREATE_ONLY_KINDS = frozenset({POOL_KIND})
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,36 @@ def current_replicas(
             value = int(recorded) if recorded and recorded.isdigit() else pool.replicas.min
         result[key] = max(pool.replicas.min, min(pool.replicas.max, value))
     return result
+
+
+def pool_observations(
+    pdd: PDDeployment,
+    children: Mapping[ChildKey, Mapping[str, Any]],
+    pods: Sequence[PodSummary],
+    *,
+    count_bound: bool = False,
+) -> dict[PoolKey, PoolObservation]:
+    """Every pool as a decision sees it: its replicas now, Ready and unschedulable pods, and
+    with `count_bound` the pods bound to a node (else: all but the unschedulable). A decision
+    made on every pod event needs them: a pod just created and not yet bound has no room on
+    the nodes' ledger, and must reserve it instead of counting as placed."""
+    replicas = current_replicas(pdd, children)
+    observed = {}
+    for role, pool in all_pools(pdd):
+        name = deployment_name(pdd.metadata.name, role, pool.name)
+        deployment = children.get(("apps/v1", "Deployment", name)) or {}
+        status = deployment.get("status") or {}
+        pool_pods = [p for p in pods if p.role == role and p.pool == pool.name]
+        live = [p for p in pool_pods if not p.terminating]
+        count = replicas[(role, pool.name)]
+        bound = min(count, sum(bool(p.node_name) for p in live))  # extra ones are going away
+        observed[(role, pool.name)] = PoolObservation(
+            replicas=count,
+            ready=status.get("readyReplicas", 0),
+            unschedulable=sum(p.unschedulable for p in live),
+            scheduled=bound if count_bound else None,
+        )
+    return observed
 
 
 def spec_hash(manifest: Mapping[str, Any]) -> str:
@@ -239,7 +274,9 @@ def plan_children(
             blocked.add(deployment_name(pdd.metadata.name, role, pool.name))
     wanted: set[ChildKey] = set()
     wanted_manifests: dict[ChildKey, Manifest] = {}
-    for built in [*desired_children(pdd, plan.replicas), *router_children(pdd)]:
+    external = pdd.spec.scaling.mode == "External"
+    pdpools = [build_pdpool(pdd, role) for role in ROLES] if external else []
+    for built in [*desired_children(pdd, plan.replicas), *router_children(pdd), *pdpools]:
         key = child_key(built)
         wanted.add(key)
         wanted_manifests[key] = built
@@ -252,6 +289,10 @@ def plan_children(
         manifest = _annotate(built, extra)
         actual = children.get(key)
         if actual is None:
+            if key[1] == POOL_KIND:  # starts from what the role runs now
+                of: Role = built["metadata"]["labels"][LABEL_ROLE]
+                total = sum(n for (r, _), n in plan.replicas.items() if r == of)
+                manifest = _annotate(build_pdpool(pdd, of, total), extra)
             plan.apply.append(manifest)
             continue
         recorded = (actual["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH)

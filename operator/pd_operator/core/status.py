@@ -46,6 +46,7 @@ class ScalingView:
     policy_memory: str | None = None  # PolicyState as JSON
     conditions: list[ConditionSpec] = field(default_factory=list)
     events: list[EventSpec] = field(default_factory=list)
+    external: list[dict[str, Any]] | None = None  # status.externalScaling (mode External)
 
 
 def _condition(
@@ -255,10 +256,7 @@ def compute_status(
         status["router"] = router
     status.update({k: previous[k] for k in FOREIGN_FIELDS if k in previous})
     if scaling is not None:
-        status["observed"] = scaling.observed
-        status["lastDecision"] = scaling.last_decision
-        if scaling.policy_memory is not None:
-            status["policyMemory"] = scaling.policy_memory
+        _add_scaling(status, scaling)
         conditions += [condition(c.type, c.status, c.reason, c.message) for c in scaling.conditions]
     else:  # keep the autoscaler's conditions until it says something new
         conditions += [
@@ -266,6 +264,15 @@ def compute_status(
         ]
 
     return status, _stall_events(before, stalled, stall_message)
+
+
+def _add_scaling(status: dict[str, Any], scaling: ScalingView) -> None:
+    status["observed"] = scaling.observed
+    status["lastDecision"] = scaling.last_decision
+    if scaling.policy_memory is not None:
+        status["policyMemory"] = scaling.policy_memory
+    if scaling.external is not None:
+        status["externalScaling"] = scaling.external
 
 
 def _stall_events(

@@ -47,13 +47,12 @@ from pd_operator.core.decision import (
     DecidedReplicas,
     Decision,
     Observation,
-    PoolObservation,
     ScaleRecord,
 )
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
-from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, current_replicas
+from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, pool_observations
 from pd_operator.core.scaling_view import (
     ScalingOutcome,
     damp_churn,
@@ -131,22 +130,6 @@ def _as_written(status: Mapping[str, Any], known: ScalingView | None) -> Mapping
 
 def _status_fields(view: ScalingView) -> tuple[Any, ...]:
     return view.observed, view.last_decision, view.conditions
-
-
-def _pool_observations(pdd: PDDeployment, snapshot: Snapshot) -> dict[PoolKey, PoolObservation]:
-    replicas = current_replicas(pdd, snapshot.children)
-    observed = {}
-    for role, pool in all_pools(pdd):
-        name = deployment_name(pdd.metadata.name, role, pool.name)
-        deployment = snapshot.children.get(("apps/v1", "Deployment", name)) or {}
-        status = deployment.get("status") or {}
-        pods = [p for p in snapshot.pods if p.role == role and p.pool == pool.name]
-        observed[(role, pool.name)] = PoolObservation(
-            replicas=replicas[(role, pool.name)],
-            ready=status.get("readyReplicas", 0),
-            unschedulable=sum(p.unschedulable and not p.terminating for p in pods),
-        )
-    return observed
 
 
 class Autoscaler:
@@ -261,7 +244,7 @@ class Autoscaler:
             if pdd is None:
                 continue  # gone, or invalid: the reconciler reports it
             scaling = pdd.spec.scaling
-            if scaling.mode == "Disabled":
+            if scaling.mode in ("Disabled", "External"):  # External: the reconciler decides
                 self._forget(key)
                 continue
             if now - self._last_run.get(key, 0.0) < scaling.interval_seconds:
@@ -299,7 +282,7 @@ class Autoscaler:
         """Decide one object; True when there is something new to apply or write."""
         observation = Observation(
             signals={role: signals[(key[0], key[1], role)] for role in ROLES},
-            pools=_pool_observations(pdd, snapshot),
+            pools=pool_observations(pdd, snapshot.children, snapshot.pods),
             capacity=capacity,
         )
         state = self._states.get(key) or _remembered(key, snapshot)

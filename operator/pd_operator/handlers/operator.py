@@ -32,6 +32,7 @@ from pd_operator.adapters.credentials import (
 from pd_operator.adapters.kube import KubeWriter, api_message, call_json
 from pd_operator.adapters.lease import LeaderLease, LeaseTiming
 from pd_operator.api import GROUP, PLURAL, VERSION
+from pd_operator.api.pdpool import POOL_PLURAL
 from pd_operator.core.children import MANAGED_BY
 from pd_operator.handlers.autoscaler import Autoscaler
 from pd_operator.handlers.reconciler import DecisionSource, Reconciler
@@ -50,7 +51,11 @@ CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
+    (GROUP, VERSION, POOL_PLURAL),
 )
+# Children whose CRD may be missing (installed before this operator's version): not listed
+# while priming; kopf's watch starts once the CRD is served.
+OPTIONAL_CHILD_RESOURCES = frozenset({(GROUP, VERSION, POOL_PLURAL)})
 MAX_BACKOFF_SECONDS = 60.0
 # One namespace's (or the cluster's) children of every kind, then its pods.
 Listing = tuple[list[dict[str, Any]], list[dict[str, Any]]]
@@ -184,13 +189,23 @@ class OperatorState:
         for namespace in self.config.namespaces or [""]:
             children = [
                 child
-                for group, version, plural in CHILD_RESOURCES
-                for child in self._list(
-                    f"{group}/{version}" if group else version, plural, namespace, MANAGED_SELECTOR
-                )
+                for resource in CHILD_RESOURCES
+                for child in self._list_children(resource, namespace)
             ]
             listings.append((children, self._list("v1", "pods", namespace, pod_selector)))
         return listings, self._list("v1", "nodes", "", "")
+
+    def _list_children(self, resource: tuple[str, str, str], namespace: str) -> list[Any]:
+        group, version, plural = resource
+        try:
+            return self._list(
+                f"{group}/{version}" if group else version, plural, namespace, MANAGED_SELECTOR
+            )
+        except ApiException as error:
+            if error.status != 404 or resource not in OPTIONAL_CHILD_RESOURCES:
+                raise
+            logger.warning("%s.%s is not served: apply the CRDs of this version", plural, group)
+            return []
 
     def put_any_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
         """A pod of ours into its PDDeployment's view (returns its key); any other pod into

@@ -15,10 +15,26 @@ from kubernetes.client.exceptions import ApiException
 from pd_operator.adapters import metrics
 from pd_operator.adapters.cache import ClusterCache, ObjectKey
 from pd_operator.adapters.kube import KubeWriter, api_message
-from pd_operator.api import InvalidSpecError, parse_pddeployment
+from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
+from pd_operator.api.pdpool import POOL_KIND
 from pd_operator.core import reasons
+from pd_operator.core.capacity import free_capacity
 from pd_operator.core.children import PoolKey, child_key
-from pd_operator.core.reconcile import EventSpec, Problem, plan_children
+from pd_operator.core.external import (
+    ExternalDecision,
+    decide_external,
+    external_view,
+    pdpool_status_changes,
+    requested_replicas,
+)
+from pd_operator.core.reconcile import (
+    CREATE_ONLY_KINDS,
+    ChildKey,
+    EventSpec,
+    Problem,
+    plan_children,
+    pool_observations,
+)
 from pd_operator.core.status import ScalingView, compute_status, invalid_spec_status
 
 logger = logging.getLogger(__name__)
@@ -153,9 +169,19 @@ class Reconciler:
             self._report(body, previous, status, events)
             return
 
-        plan = plan_children(
-            pdd, snapshot.children, snapshot.nodes, self.decisions(key) if self.decisions else None
-        )
+        external: ExternalDecision | None = None
+        decisions = self.decisions(key) if self.decisions else None
+        if pdd.spec.scaling.mode == "External":
+            # Decided here, not by the autoscaler's timer: a PDPool's change is acted on as
+            # soon as its watch event arrives.
+            external = decide_external(
+                pdd,
+                requested_replicas(pdd, snapshot.children),
+                pool_observations(pdd, snapshot.children, snapshot.pods, count_bound=True),
+                free_capacity(snapshot.nodes, self.cache.all_pods()),
+            )
+            decisions = external.replicas
+        plan = plan_children(pdd, snapshot.children, snapshot.nodes, decisions)
         problems = list(plan.problems)
         children = dict(snapshot.children)
         transient: ApiException | None = None
@@ -184,7 +210,11 @@ class Reconciler:
             self.writer.delete(ref.api_version, ref.kind, key[0], ref.name, ref.uid)
             children.pop((ref.api_version, ref.kind, ref.name), None)
 
-        view = self.scaling(key) if self.scaling else None
+        if external is not None:
+            self._write_pdpool_statuses(pdd, children, external, plan.replicas)
+            view: ScalingView | None = external_view(external, previous)
+        else:
+            view = self.scaling(key) if self.scaling else None
         status, events = compute_status(
             pdd,
             children=children,
@@ -213,6 +243,8 @@ class Reconciler:
         try:
             if existing is not None:
                 return self.writer.apply(manifest, existing["metadata"]["uid"])
+            if manifest["kind"] in CREATE_ONLY_KINDS:
+                return self.writer.create(manifest, as_applied=False)
             return self.writer.create(manifest)
         except ApiException as error:
             if not _name_taken(error, created=existing is None):
@@ -227,6 +259,26 @@ class Reconciler:
                 raise NameConflictError(manifest, holder) from None
             # Ours, but no longer carrying our labels (so not on our watch): restore it.
             return self.writer.apply(manifest, holder["metadata"]["uid"])
+
+    def _write_pdpool_statuses(
+        self,
+        pdd: PDDeployment,
+        children: Mapping[ChildKey, Mapping[str, Any]],
+        decision: ExternalDecision,
+        replicas: Mapping[PoolKey, int],
+    ) -> None:
+        """Bring the PDPools' status (what runs, the selector) up to date."""
+        for pdpool, status in pdpool_status_changes(pdd, children, decision, replicas):
+            meta = pdpool["metadata"]
+            try:
+                written = self.writer.patch_status(
+                    meta["namespace"], meta["name"], status, kind=POOL_KIND, uid=meta["uid"]
+                )
+            except ApiException as error:
+                if error.status not in (404, 409, 422):  # gone or replaced meanwhile
+                    raise
+                continue
+            self.cache.put_child({**written, "apiVersion": pdpool["apiVersion"], "kind": POOL_KIND})
 
     def _report(
         self,

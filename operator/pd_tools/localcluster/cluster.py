@@ -43,6 +43,8 @@ CONTROLLERS = [
     "endpointslice-controller",
     # Counts the healthy pods under each PodDisruptionBudget: evictions (drains) read it.
     "disruption-controller",
+    # Scales PDPools (mode External) through /scale, as it would in a cluster.
+    "horizontal-pod-autoscaler-controller",
 ]
 START_TIMEOUT_SECONDS = 60
 CRD_ESTABLISHED_TIMEOUT_S = 60
