@@ -35,18 +35,15 @@ from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec
 from pd_operator.cli.arguments import NON_NEGATIVE, POSITIVE
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_tools.enginesim.engine import ROUTINGS
+from pd_tools.replay.example import example_document
 from pd_tools.replay.offline import (
     PEAK_WINDOW_S,
     POLICY_NAMES,
-    TABLE_COLUMNS,
-    SimResult,
     check_policy_name,
-    example_document,
     load_trace,
-    markdown_table,
     simulate,
-    table_row,
 )
+from pd_tools.replay.results import TABLE_COLUMNS, SimResult, markdown_table, table_row
 from pd_tools.workloads.traces import ReplayOptions
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

@@ -42,7 +42,8 @@ from windows import RIVALS
 
 from pd_operator.cli.arguments import POSITIVE
 from pd_tools.replay.families import Scenario, draw_scenarios, examples
-from pd_tools.replay.offline import SimResult, simulate
+from pd_tools.replay.offline import simulate
+from pd_tools.replay.results import SimResult
 
 POLICIES = ("pd-operator", *RIVALS)
 # The targets over all scenarios.

@@ -44,10 +44,10 @@ from policies import (
 
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.core.hardware import GLM_45_FP8
+from pd_tools.replay.example import example_document
 from pd_tools.replay.offline import (
     POLICY_NAMES,
     check_policy_name,
-    example_document,
     load_trace,
     simulate,
 )

@@ -2,7 +2,7 @@
 
 With CI=true, property tests run on the same examples every time (Hypothesis' `derandomize`):
 a developer's run draws anew and finds a rare failing draw (one did, 2026-12-01, in the
-constant-load property of tests/unit/test_policy.py), which is then kept as an `@example`;
+constant-load property of tests/unit/test_policy_decide.py), which is then kept as an `@example`;
 such a draw does not decide at random whether a submission's CI passes.
 """
 

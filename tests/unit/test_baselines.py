@@ -17,7 +17,8 @@ from pd_tools.replay.baselines import (
     _arima_forecast,
     per_replica,
 )
-from pd_tools.replay.offline import example_document, peak_replicas
+from pd_tools.replay.example import example_document
+from pd_tools.replay.offline import peak_replicas
 from pd_tools.replay.offline_metrics import WindowStats
 from pd_tools.workloads.traces import Request
 

@@ -23,20 +23,14 @@ from pd_operator.core.policy_state import PolicyState
 from pd_tools.cli.main import main
 from pd_tools.enginesim.engine import ROUTINGS, PDEngine, ReplicaSpec, Role
 from pd_tools.replay.baselines import OperatorPolicy, StaticPeak, View
-from pd_tools.replay.offline import (
-    POLICY_NAMES,
-    Cluster,
-    NodeType,
-    Progress,
-    ProgressBar,
-    Timing,
-    _Fleet,
-    example_document,
-    idle_latencies,
-    prescient_schedule,
-    simulate,
-)
+from pd_tools.replay.cluster import Cluster, NodeType
+from pd_tools.replay.example import example_document
+from pd_tools.replay.fleet import Fleet
+from pd_tools.replay.offline import POLICY_NAMES, Timing, simulate
 from pd_tools.replay.offline_metrics import histogram_quantile, scrape, window_stats
+from pd_tools.replay.oracle_search import prescient_schedule
+from pd_tools.replay.outcomes import idle_latencies
+from pd_tools.replay.progress import Progress, ProgressBar
 from pd_tools.workloads.traces import (
     Request,
     TokenLengths,
@@ -552,7 +546,7 @@ def test_prescient_starts_the_oracle_s_replicas_one_model_load_ahead(load_s: flo
 def test_scale_down_removes_a_loading_replica_first_then_the_newest_ready_one() -> None:
     """As a ReplicaSet does: the older replicas, with their warm prefix caches, stay."""
     spec = make_spec()
-    fleet = _Fleet(spec, GLM_45_FP8, Cluster.fitting(spec), None)
+    fleet = Fleet(spec, GLM_45_FP8, Cluster.fitting(spec), None)
     engine = PDEngine([], model=GLM_45_FP8)
     key: PoolKey = ("prefill", "s5000")
     fleet.apply(engine, {key: 3}, warm_up=False)

@@ -10,7 +10,8 @@ from matplotlib.image import imread
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_tools.cli.main import main
-from pd_tools.replay.offline import example_document, simulate
+from pd_tools.replay.example import example_document
+from pd_tools.replay.offline import simulate
 from pd_tools.replay.offline_plot import plot_result
 from pd_tools.workloads.traces import TokenLengths, step_rate, synthetic_requests
 

@@ -12,7 +12,8 @@ from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import GLM_45_FP8
 from pd_tools.cli.main import main
 from pd_tools.replay.baselines import StaticPeak, View
-from pd_tools.replay.offline import example_document, simulate
+from pd_tools.replay.example import example_document
+from pd_tools.replay.offline import simulate
 from pd_tools.workloads.traces import (
     ReplayOptions,
     Request,

@@ -412,3 +412,41 @@ def test_a_huge_invalid_value_gives_a_bounded_condition_message():
     assert len(stalled["message"]) == 4096
     assert stalled["message"].startswith("invalid spec: spec.model.engine: xxx")
     assert stalled["message"].endswith("more characters)")
+
+
+def test_a_profile_name_that_matches_no_profile_is_a_condition_and_one_event():
+    children = _ready(applied(plan_children(hetero(), {}, [])))
+    status, _ = _status(children)
+    assert conditions(status)["ProfilesKnown"] == ("True", "AsExpected")
+
+    document = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+    document["metadata"].update(namespace="ns", uid="uid-1", generation=1)
+    document["spec"]["decode"]["pools"][0]["accelerator"]["profile"] = "h2oo"
+    typo = parse_pddeployment(document)
+    plan = plan_children(typo, children, [])
+    status, events = compute_status(
+        typo,
+        children=children,
+        pods=[],
+        replicas=plan.replicas,
+        problems=[],
+        previous={},
+        now=NOW,
+    )
+    assert conditions(status)["ProfilesKnown"] == ("False", "UnknownProfile")
+    message = {c["type"]: c["message"] for c in status["conditions"]}["ProfilesKnown"]
+    assert message.startswith("spec.decode.pools[0].accelerator.profile 'h2oo' matches no")
+    assert "h200" in message and "learned online" in message
+    assert [(e.type, e.reason) for e in events] == [("Warning", "UnknownProfile")]
+    # Serving is not stopped for it: the object is Ready, and the warning is said once.
+    assert conditions(status)["Ready"] == ("True", "AllPoolsReady")
+    _, again = compute_status(
+        typo,
+        children=children,
+        pods=[],
+        replicas=plan.replicas,
+        problems=[],
+        previous=status,
+        now=NOW,
+    )
+    assert again == []

@@ -161,6 +161,10 @@ class SLOSpec(SpecModel):
         60, description="Window over which percentiles are computed, in seconds."
     )
 
+    def target(self, role: Role) -> LatencyTarget:
+        """The role's objective: TTFT for prefill, ITL for decode."""
+        return self.ttft if role == "prefill" else self.itl
+
 
 KEYLESS_TOLERATION_MESSAGE = (
     "a toleration without a key must have operator Exists (it then tolerates every taint): "
@@ -264,7 +268,8 @@ class AcceleratorSpec(SpecModel):
         Field(
             None,
             description="Hardware profile name (e.g. mtt-s5000, h200) that seeds the pool's "
-            "capacity model; learned online when absent.",
+            "capacity model; learned online when absent, or when the name matches no profile "
+            "(condition ProfilesKnown=False and an UnknownProfile event say so).",
         )
     )
 

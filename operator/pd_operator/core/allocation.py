@@ -47,7 +47,9 @@ def reserve(
     if ledger is None:
         return seen.replicas - seen.unschedulable, None
     scheduled = seen.replicas - seen.unschedulable if seen.scheduled is None else seen.scheduled
-    fitting = min(max(0, seen.replicas - scheduled), ledger.fits(pool))
+    if seen.replicas <= scheduled:
+        return scheduled, ledger  # nothing waits to be bound (the usual case): no node scan
+    fitting = min(seen.replicas - scheduled, ledger.fits(pool))
     return scheduled + fitting, ledger.take(pool, fitting)
 
 

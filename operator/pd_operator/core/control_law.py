@@ -7,63 +7,33 @@ Capacity is counted in the role's capacity units: tokens/s when the pools have a
   by more than the tolerance and no replicas are arriving (where the demand can size the role:
   the latency does not show arriving replicas yet);
 * feed-forward: demand (tokens/s, plus the prefill queue drained within one SLO window) at
-  TARGET_UTILISATION of the estimated capacity (prefill: at PREFILL_GROW_SHARE of the
+  `target_utilisation` of the estimated capacity (prefill: at `prefill_grow_share` of the
   utilisation at which its queue still meets the TTFT target, `core.queueing`);
-* memory (decode): KV-cache usage, grown by the requests waiting for room, at KV_TARGET.
+* memory (decode): KV-cache usage, grown by the requests waiting for room, at `kv_target`.
 
 The role grows to the largest term. It may shrink only to a size predicted to hold the demand
-at SCALE_DOWN_UTILISATION (prefill: PREFILL_SHRINK_SHARE of the one replica less's utilisation
-at the SLO), below the growth target: that gap is the hysteresis that keeps a
+at `scale_down_utilisation` (prefill: `prefill_shrink_share` of the one replica less's
+utilisation at the SLO), below the growth target: that gap is the hysteresis that keeps a
 steady load from flapping between two sizes. Latency near the target holds the size (a tail of
-a few long requests only from TAIL_HOLD_RATIO times the target). A role
+a few long requests only from `tail_hold_ratio` times the target). A role
 whose capacity is only known from below may probe one replica down while latency is far under
-the target.
+the target. The numbers are `core.tuning`'s.
 """
 
 from dataclasses import dataclass
 from typing import Literal
 
 from pd_operator.api.spec import PDDeploymentSpec, Role
-from pd_operator.core.learning import BREACH_RATIO, LEARN_LOW_RATIO, RoleCapacity
-from pd_operator.core.signals import LATENCY_BUCKETS, ReadingKind, RoleSignals, bucket_of
+from pd_operator.core.learning import RoleCapacity
+from pd_operator.core.signals import (
+    LATENCY_BUCKETS,
+    LATENCY_NAMES,
+    ReadingKind,
+    RoleSignals,
+    bucket_of,
+)
+from pd_operator.core.tuning import TUNING
 
-# Grow to a size at which the demand uses this share of the estimated capacity.
-TARGET_UTILISATION = 0.8
-# Shrink only to a size at which the demand would use at most this share.
-SCALE_DOWN_UTILISATION = 0.7
-# Prefill's estimate is a throughput; how much of it a replica may use depends on the TTFT
-# target against the prompts' service times (short prompts and a target of seconds allow
-# 95%, prompts of tens of thousands of tokens far less). Prefill grows to a size at which the
-# demand is this share of that utilisation, and shrinks only to one at which it is at most
-# the second: the same margins as TARGET_UTILISATION and SCALE_DOWN_UTILISATION leave under 1.
-PREFILL_GROW_SHARE = 0.9
-PREFILL_SHRINK_SHARE = 0.8
-# Latency/target at or above which the role holds its size: close enough to the SLO that a
-# smaller size would likely breach it.
-HOLD_RATIO = 0.9
-# Latency is a steep function of load near saturation: a 5x breach does not mean 5x replicas.
-# Feedback at most doubles the ready capacity per decision; feed-forward sizes the rest.
-MAX_FEEDBACK_GAIN = 2.0
-# Latency/target under which a role whose capacity is only known from below (it has never
-# run near its SLO) may shed one replica per scale-down window, to find out...
-PROBE_RATIO = 0.6
-# ...as long as each remaining replica then carries at most this multiple of the load per
-# replica already seen within the SLO: a probe never leaps far into the unknown.
-MAX_PROBE_LOAD = 1.5
-# KV-cache usage (decode) to grow at and to stay under after shrinking.
-KV_TARGET = 0.8
-KV_SCALE_DOWN = 0.7
-# A tail percentile's breach with the mean under this share of the target is a tail of a few
-# over-long requests, not a capacity shortage (see `RoleLoad.tail_only`).
-TAIL_PERCENTILES = frozenset({"P90", "P95", "P99"})
-TAIL_MEAN_RATIO = 0.5
-# Such a tail at or over this multiple of the target still holds the size: it adds no replica,
-# but it may be queueing behind long prompts as well as the prompts themselves, and shedding a
-# replica under it adds to the queue (Mooncake x0.5-x2 over five draws each: attainment
-# 0.985-0.992 on 4 of 15 without it, >= 0.99 on all 15 with it; see docs/autoscaling.md).
-TAIL_HOLD_RATIO = 1.5
-# A sample older than this many decision intervals is as good as none.
-STALE_INTERVALS = 3
 EPSILON = 1e-9
 
 LoadStatus = Literal["active", "idle", "unavailable", "stuck"]
@@ -139,11 +109,10 @@ def read_load(
     if signals is None:
         return RoleLoad("unavailable", "no signals for the role")
     age = now - signals.sample_time
-    if age > STALE_INTERVALS * spec.scaling.interval_seconds:
+    if age > TUNING.stale_intervals * spec.scaling.interval_seconds:
         return RoleLoad("unavailable", f"newest sample is {age:.0f}s old")
-    name = "TTFT" if role == "prefill" else "ITL"
-    latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
-    target = spec.slo.ttft if role == "prefill" else spec.slo.itl
+    name = LATENCY_NAMES[role]
+    latency, target = signals.latency(role), spec.slo.target(role)
     if latency.kind is ReadingKind.UNAVAILABLE:
         return RoleLoad("unavailable", f"{name} unavailable: {latency.reason or 'no reason'}")
     served = (
@@ -196,12 +165,12 @@ def read_load(
         bucket = (lower / target_seconds, upper / target_seconds)
     unresolved = (
         ratio is not None
-        and ratio > BREACH_RATIO
+        and ratio > TUNING.breach_ratio
         and bucket is not None
         and bucket[0] < 1
         # Queueing confirms it: prefill requests waiting for compute, or decode requests
         # short of KV room (one decode request waiting for the next step is no shortage).
-        and not (waiting if role == "prefill" else (pressure or 0.0) >= KV_TARGET)
+        and not (waiting if role == "prefill" else (pressure or 0.0) >= TUNING.kv_target)
     )
     words = [_latency_words(name, target.percentile, ratio, bucket, unresolved)]
     if latency.value is None and seconds is not None:
@@ -273,15 +242,15 @@ def _tail_only(
     signals: RoleSignals,
     target_seconds: float,
 ) -> bool:
-    target = spec.slo.ttft if role == "prefill" else spec.slo.itl
+    target = spec.slo.target(role)
     mean = signals.mean_latency_seconds
     return (
         ratio is not None
-        and ratio >= LEARN_LOW_RATIO  # near or past the target: what learning would act on
-        and target.percentile in TAIL_PERCENTILES
+        and ratio >= TUNING.learn_low_ratio  # near or past the target: what learning would act on
+        and target.percentile in TUNING.tail_percentiles
         and mean.kind is ReadingKind.VALUE
         and mean.value is not None
-        and mean.value <= TAIL_MEAN_RATIO * target_seconds
+        and mean.value <= TUNING.tail_mean_ratio * target_seconds
     )
 
 
@@ -304,7 +273,7 @@ def role_need(
     placeable_capacity: float,
     smaller_capacity: float,
     *,
-    utilisation: tuple[float, float] = (TARGET_UTILISATION, SCALE_DOWN_UTILISATION),
+    utilisation: tuple[float, float] = (TUNING.target_utilisation, TUNING.scale_down_utilisation),
 ) -> Need:
     """Apply the control law to one active role.
 
@@ -325,18 +294,18 @@ def role_need(
     if ratio is not None:
         resolved = not load.breach_unresolved
         if (
-            ratio > BREACH_RATIO
+            ratio > TUNING.breach_ratio
             and ready_capacity > 0
             and not load.futile
             and resolved
             and not load.tail_only
         ):
-            feedback = ready_capacity * min(ratio, MAX_FEEDBACK_GAIN)
+            feedback = ready_capacity * min(ratio, TUNING.max_feedback_gain)
             # Feedback waits for arriving replicas where the demand can size the role; without
             # an estimate it is the only term, and acts as before.
             if not (load.capacity_arriving and sizes_growth):
                 grow.append(feedback)
-        holding = TAIL_HOLD_RATIO if load.tail_only else HOLD_RATIO
+        holding = TUNING.tail_hold_ratio if load.tail_only else TUNING.hold_ratio
         if ratio >= holding and resolved:
             floors.append(placeable_capacity)
     if demand is not None and capacity.basis is not None:
@@ -345,16 +314,16 @@ def role_need(
         floors.append(demand / shrink_to_at)
     pressure = load.memory_pressure
     if pressure is not None and ready_capacity > 0:
-        grow.append(ready_capacity * pressure / KV_TARGET)
-        floors.append(ready_capacity * pressure / KV_SCALE_DOWN)
+        grow.append(ready_capacity * pressure / TUNING.kv_target)
+        floors.append(ready_capacity * pressure / TUNING.kv_scale_down)
     wanted = max(grow, default=0.0)
     floor = max(floors, default=0.0)
     grow_to = wanted if wanted > placeable_capacity * (1 + EPSILON) else None
     # Shrinking only when it removes a replica: a floor between the smaller and the current
     # capacity keeps the size, and leaves the probe its chance.
     shrink_to = floor if predictable and floor <= smaller_capacity * (1 + EPSILON) else None
-    quiet = ratio is not None and ratio < PROBE_RATIO
-    roomy = pressure is None or pressure < KV_SCALE_DOWN
+    quiet = ratio is not None and ratio < TUNING.probe_ratio
+    roomy = pressure is None or pressure < TUNING.kv_scale_down
     return Need(
         grow_to=grow_to,
         shrink_to=shrink_to,
@@ -362,10 +331,10 @@ def role_need(
         and shrink_to is None
         and capacity.basis == "lower-bound"
         and demand is not None
-        and demand <= MAX_PROBE_LOAD * smaller_capacity
+        and demand <= TUNING.max_probe_load * smaller_capacity
         and quiet
         and roomy,
-        demand_unknown=demand is None and (ratio is None or ratio < HOLD_RATIO),
+        demand_unknown=demand is None and (ratio is None or ratio < TUNING.hold_ratio),
         awaiting_arrivals=grow_to is None
         and feedback is not None
         and feedback > placeable_capacity * (1 + EPSILON),
@@ -375,6 +344,6 @@ def role_need(
 def backlogged(load: RoleLoad) -> bool:
     """Decode shows a KV backlog: cache near full (or requests waiting for it), or ITL breached."""
     pressure, ratio = load.memory_pressure, load.latency_ratio
-    return (pressure is not None and pressure >= KV_TARGET) or (
-        ratio is not None and ratio > BREACH_RATIO and not load.breach_unresolved
+    return (pressure is not None and pressure >= TUNING.kv_target) or (
+        ratio is not None and ratio > TUNING.breach_ratio and not load.breach_unresolved
     )

@@ -34,7 +34,6 @@ from typing import Literal
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.hardware import (
     HARDWARE_PROFILES,
-    MODEL_PROFILES,
     HardwareProfile,
     ModelProfile,
 )
@@ -47,43 +46,9 @@ from pd_operator.core.perfmodel import (
     model_load_seconds,
 )
 from pd_operator.core.policy_state import CapacityBasis
+from pd_operator.core.profiles import model_profile_for, pool_profiles
 from pd_operator.core.queueing import MAX_UTILISATION, exponential_lengths, pooled_utilisation
-
-# Latency/target above which the replicas are past their SLO capacity.
-BREACH_RATIO = 1.1
-# Latency/target under which the served rate only bounds capacity from below.
-LEARN_LOW_RATIO = 0.85
-# A latency bucket spanning more than this factor (upper/lower bound) cannot tell a replica at
-# its SLO capacity from one at half of it: readings in it do not count as "near the target".
-MAX_BUCKET_SPAN = 2.0
-# Weight of one near-target observation in the moving average.
-EMA_WEIGHT = 0.3
-# In a breach the served rate is divided by the latency ratio (a linear latency model) to
-# estimate the rate at the target; capped because far past saturation latency is all queueing
-# and says nothing more about capacity.
-MAX_BREACH_CORRECTION = 1.25
-# Prompt length for seeds before any traffic shows the real one. Assumption: a typical chat or
-# RAG prompt; learning replaces it within minutes of traffic.
-DEFAULT_PROMPT_TOKENS = 4096
-# Tokens per prefill batch: vLLM's default max_num_batched_tokens on large cards.
-PREFILL_BATCH_TOKENS = 8192
-# Prompt lengths are not in the signals, only their mean. Assumption: they vary like an
-# exponential distribution (squared coefficient of variation 1, the maximum-entropy choice for
-# a known mean); the traces in ../shared/traces measure 0.9-1.7, and learning corrects the rest.
-PROMPT_LENGTH_CV2 = 1.0
-# Equally likely prompt lengths the queueing estimate of prefill's utilisation at the SLO uses.
-LENGTH_CLASSES = 16
-# The largest share of prompt tokens found in the prefix cache that prefill seeds count on:
-# the share is a window's mean, and a burst of new prompts behind it computes every token, so
-# no seed assumes more than ten times the compute-free tokens of a cold prompt.
-MAX_CACHED_SHARE = 0.9
-# Decode batches searched for the seed; engines default to at most 1024 sequences.
-MAX_DECODE_BATCH = 1024
-
-
-def model_profile_for(model_name: str) -> ModelProfile | None:
-    """The model profile whose name is the model's last path component, case-insensitively."""
-    return MODEL_PROFILES.get(model_name.rstrip("/").rsplit("/", 1)[-1].lower())
+from pd_operator.core.tuning import TUNING
 
 
 def seed_capacity(
@@ -97,26 +62,28 @@ def seed_capacity(
 ) -> float | None:
     """Tokens/s per replica from the performance model, or None when the profiles are unknown.
 
-    Prefill: prompts of mean length `prompt_tokens` in batches of up to PREFILL_BATCH_TOKENS
+    Prefill: prompts of mean length `prompt_tokens` in batches of up to TUNING.prefill_batch_tokens
     computed tokens, whose lengths vary with squared coefficient of variation
     `prompt_length_cv2` (0: all the same length, as a fixed-length benchmark measures), with
     `cached_share` of each prompt's tokens, a prefix, found in the prefix cache (not computed;
-    at most MAX_CACHED_SHARE). Attention costs the square of a prompt's length, so varied
+    at most TUNING.max_cached_share). Attention costs the square of a prompt's length, so varied
     lengths cost more than prompts of the mean length. The rate counts every prompt token,
     cached or not, as the engines' prompt-token counters do. Decode: the largest
     batch of sequences holding `prompt_tokens` of context whose ITL meets the target and whose
     KV cache fits, at that batch's token rate (linear in the context: the mean is enough).
     """
-    hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
-    model = model_profile_for(spec.model.name)
-    if hardware is None or model is None:
+    profiles = pool_profiles(spec, pool)
+    if profiles is None:
         return None
+    hardware, model = profiles
     cards = pool.accelerator.per_replica
     if role == "prefill":
         return _prefill_tokens_per_second(
             hardware, model, cards, prompt_tokens, prompt_length_cv2, cached_share=cached_share
         )
-    most = min(MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, prompt_tokens))
+    most = min(
+        TUNING.max_decode_batch, max_concurrent_sequences(hardware, model, cards, prompt_tokens)
+    )
     if most < 1:
         return None  # the weights, or one sequence's KV, do not fit
     target_ms = spec.slo.itl.target_milliseconds
@@ -142,9 +109,9 @@ def _prefill_tokens_per_second(
     prompt = max(1.0, prompt_tokens)
     # A cached prefix of share h costs neither its tokens nor their attention: a prompt's
     # computed work is n(1 - h) tokens and n^2(1 - h^2) of attention (`batch_ms`).
-    cached = min(max(cached_share, 0.0), MAX_CACHED_SHARE)
+    cached = min(max(cached_share, 0.0), TUNING.max_cached_share)
     computed = max(1.0, prompt * (1 - cached))
-    batch = max(1, int(PREFILL_BATCH_TOKENS // computed))
+    batch = max(1, int(TUNING.prefill_batch_tokens // computed))
     coefficients = PrefillCoefficients.from_profiles(hardware, model, cards)
     squares = (1 + cv2) * prompt**2 * (1 - cached**2)
     batch_ms = coefficients.a_ms + batch * (
@@ -157,13 +124,13 @@ def cache_speedup(spec: PDDeploymentSpec, prompt_tokens: float, cached_share: fl
     """How many times the prompt tokens/s of cold prompts of mean length `prompt_tokens` a
     prefill replica serves with `cached_share` of each prompt found cached: the first prefill
     pool with a known profile's; 1.0 without one."""
-    model = model_profile_for(spec.model.name)
-    if cached_share <= 0 or model is None:
+    if cached_share <= 0:
         return 1.0
     for pool in spec.pools("prefill"):
-        hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
-        if hardware is not None:
-            cards, cv2 = pool.accelerator.per_replica, PROMPT_LENGTH_CV2
+        profiles = pool_profiles(spec, pool)
+        if profiles is not None:
+            hardware, model = profiles
+            cards, cv2 = pool.accelerator.per_replica, TUNING.prompt_length_cv2
             warm = _prefill_tokens_per_second(
                 hardware, model, cards, prompt_tokens, cv2, cached_share=cached_share
             )
@@ -182,7 +149,7 @@ def prefill_utilisation(
     """The utilisation at which `servers` prefill replicas still meet the TTFT target at its
     percentile (`core.queueing.pooled_utilisation`), for the slowest pool with an estimate in
     `per_replica` (tokens/s). Prompts of mean `prompt_tokens` are taken as exponentially
-    distributed (PROMPT_LENGTH_CV2); with a known profile a prompt's service grows with its
+    distributed (TUNING.prompt_length_cv2); with a known profile a prompt's service grows with its
     length as the performance model says (attention), `cached_share` of each prompt cached,
     else linearly. MAX_UTILISATION when no pool has an estimate."""
     target = spec.slo.ttft
@@ -222,13 +189,13 @@ def _pool_utilisation(
     share: float,
     servers: int,
 ) -> float:
-    lengths = exponential_lengths(prompt_tokens, LENGTH_CLASSES)
+    lengths = exponential_lengths(prompt_tokens, TUNING.length_classes)
     hardware, model = HARDWARE_PROFILES.get(profile), model_profile_for(model_name)
     if hardware is None or model is None:
         service = [length / tokens_per_second for length in lengths]
     else:
         # The estimate is the profile's rate for this mean prompt times a learned speed.
-        cv2 = PROMPT_LENGTH_CV2
+        cv2 = TUNING.prompt_length_cv2
         speed = tokens_per_second / _prefill_tokens_per_second(
             hardware, model, cards, prompt_tokens, cv2, cached_share=cached_share
         )
@@ -286,7 +253,8 @@ def _decode_utilisation(
         return None
     coefficients = DecodeCoefficients.from_profiles(hardware, model, cards)
     most = min(
-        MAX_DECODE_BATCH, max_concurrent_sequences(hardware, model, cards, round(context_tokens))
+        TUNING.max_decode_batch,
+        max_concurrent_sequences(hardware, model, cards, round(context_tokens)),
     )
     if most < 1:
         return None
@@ -333,16 +301,15 @@ def decode_context_tokens(
     """
     if kv_cache_usage is None or running is None or running < 1:
         return None
-    model = model_profile_for(spec.model.name)
     held = 0.0
     for pool in spec.pools("decode"):
         count = ready.get(pool.name, 0)
         if count == 0:
             continue
-        hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
-        if hardware is None or model is None:
+        profiles = pool_profiles(spec, pool)
+        if profiles is None:
             return None
-        held += count * kv_capacity_tokens(hardware, model, pool.accelerator.per_replica)
+        held += count * kv_capacity_tokens(*profiles, pool.accelerator.per_replica)
     if held <= 0:
         return None
     return max(1.0, kv_cache_usage * held / running)
@@ -350,15 +317,18 @@ def decode_context_tokens(
 
 def seed_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec) -> float | None:
     """Model-load time of one replica from the profiles, or None when they are unknown."""
-    hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
-    model = model_profile_for(spec.model.name)
-    if hardware is None or model is None:
+    profiles = pool_profiles(spec, pool)
+    if profiles is None:
         return None
-    return model_load_seconds(hardware, model, pool.accelerator.per_replica)
+    return model_load_seconds(*profiles, pool.accelerator.per_replica)
 
 
 def _breach_correction(latency_ratio: float) -> float:
-    return min(latency_ratio, MAX_BREACH_CORRECTION) if latency_ratio > BREACH_RATIO else 1.0
+    return (
+        min(latency_ratio, TUNING.max_breach_correction)
+        if latency_ratio > TUNING.breach_ratio
+        else 1.0
+    )
 
 
 Evidence = Literal["breach", "near", "under"]
@@ -367,12 +337,12 @@ Evidence = Literal["breach", "near", "under"]
 def latency_evidence(ratio: float, bucket: tuple[float, float] | None) -> Evidence | None:
     """What a latency reading (observed/target, in its histogram bucket, also /target; None:
     exact) says about the load: past the SLO capacity, at it, under it, or nothing certain."""
-    if ratio > BREACH_RATIO or (bucket is not None and bucket[0] >= 1):
+    if ratio > TUNING.breach_ratio or (bucket is not None and bucket[0] >= 1):
         return "breach"  # past the target for sure: what is served bounds the capacity
     lower, upper = bucket or (ratio, ratio)
-    if ratio >= LEARN_LOW_RATIO:
-        return "near" if lower > 0 and upper <= MAX_BUCKET_SPAN * lower else None
-    return "under" if upper <= BREACH_RATIO else None
+    if ratio >= TUNING.learn_low_ratio:
+        return "near" if lower > 0 and upper <= TUNING.max_bucket_span * lower else None
+    return "under" if upper <= TUNING.breach_ratio else None
 
 
 @dataclass(frozen=True)
@@ -415,7 +385,7 @@ def seeds(
             role,
             pool,
             prompt_tokens,
-            prompt_length_cv2=PROMPT_LENGTH_CV2,
+            prompt_length_cv2=TUNING.prompt_length_cv2,
             cached_share=cached_share,
         )
         if seed is not None:
@@ -507,7 +477,7 @@ def estimate_capacity(
         bound = measured if saturated else measured / _breach_correction(ratio)
         change, basis = (bound if from_below else min(1.0, bound)), "observed"
     elif evidence == "near":
-        change = measured if from_below else 1 + EMA_WEIGHT * (measured - 1)
+        change = measured if from_below else 1 + TUNING.ema_weight * (measured - 1)
         basis = "observed"
     else:
         change = max(1.0, measured)

@@ -1,10 +1,12 @@
 """The autoscaler's decision for one PDDeployment and one interval: one pure call.
 
 `decide(spec, observation, state, now)` is what the operator loop and the offline simulator both
-call. It reads the signals (`core.control_law`), corrects each pool's capacity estimate
-(`core.learning`), turns each role's need into replicas per pool (`core.allocation`) within the
-free capacity (`core.capacity`), and returns the replicas with the reason, what limited them,
-and the policy's new memory. The rules and their reasons are in docs/autoscaling.md.
+call. It runs `RULES` in order over one record of the decision in the making (`_Round`): they
+read the signals (`core.control_law`), correct each pool's capacity estimate (`core.learning`),
+turn each role's need into replicas per pool (`core.allocation`) within the free capacity
+(`core.capacity`); `decide` returns the replicas with the reason, what limited them, and the
+policy's new memory. The numbers the rules are tuned by are `core.tuning`'s; the rules and
+their reasons are in docs/autoscaling.md.
 """
 
 import itertools
@@ -33,12 +35,6 @@ from pd_operator.core.allocation import (
 from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.control_law import (
     EPSILON,
-    HOLD_RATIO,
-    PREFILL_GROW_SHARE,
-    PREFILL_SHRINK_SHARE,
-    SCALE_DOWN_UTILISATION,
-    STALE_INTERVALS,
-    TARGET_UTILISATION,
     RoleLoad,
     backlogged,
     read_load,
@@ -46,9 +42,6 @@ from pd_operator.core.control_law import (
 )
 from pd_operator.core.decision import Decision, Observation, PoolDecision, PoolObservation
 from pd_operator.core.learning import (
-    BREACH_RATIO,
-    DEFAULT_PROMPT_TOKENS,
-    PROMPT_LENGTH_CV2,
     RoleCapacity,
     cache_speedup,
     decode_context_tokens,
@@ -61,6 +54,7 @@ from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory, p
 from pd_operator.core.schedules import Floor, active_floors
 from pd_operator.core.seasonal import forecast
 from pd_operator.core.signals import RoleSignals
+from pd_operator.core.tuning import TUNING
 
 __all__ = ["Decision", "Observation", "PoolDecision", "PoolObservation", "decide"]
 
@@ -68,36 +62,6 @@ ROLES: tuple[Role, Role] = ("prefill", "decode")
 # Decode decides first: it claims shared nodes first, and prefill must know whether decode
 # can still grow before it pushes more KV cache at it.
 DECISION_ORDER: tuple[Role, Role] = ("decode", "prefill")
-# During warm-up, a breach (or demand) this much above the one that triggered the last
-# scale-up justifies another scale-up before the new replicas are Ready.
-WORSE_FACTOR = 1.2
-# Scale-up to Ready before any was observed, when the profiles cannot tell. Assumption: large
-# models take minutes to load and warm up.
-DEFAULT_LOAD_SECONDS = 300.0
-LOAD_EMA_WEIGHT = 0.5
-# Weight of one decision's sample of the running requests in their moving averages: about
-# the last 20 decisions (10 minutes at the default 30 s interval) tell how much the batch swings.
-RUNNING_EMA_WEIGHT = 0.05
-# A breach that a scale-up lowered by less than this share, once the new replicas served a
-# whole window and the demand did not grow, is not one that replicas fix: a latency floor above
-# the target (prompts too long for it, a percentile in the tail of a few such requests).
-FUTILE_IMPROVEMENT = 0.1
-# A role's load is steady when, over a whole scale-down window, its latency stayed under this
-# share of the target and its demand moved between decisions by at most STEADY_DEMAND_CHANGE
-# of its mean (root mean square of the changes, over root 2: a random wobble's own spread).
-# Then the short window (`scaleDown.steadyStabilizationSeconds`) applies: a load that has not
-# come near the target nor swung for that long is not about to come back within a model load,
-# and waiting the long window costs a replica it does not need. Bursty loads (a 30 s burst
-# between quiet minutes) and long-prompt tails (a P99 near the target) keep the long window.
-STEADY_LATENCY_RATIO = 0.5
-STEADY_DEMAND_CHANGE = 0.1
-# At most about this many samples per window (they are stored in status): with decisions more
-# often than window / STEADY_SAMPLES, a sample that close to the one before it is dropped when
-# the next comes (the newest is always kept).
-STEADY_SAMPLES = 30
-# The longest a pool whose sheds were undone waits before the next (`_shed_memory`): an hour,
-# past which a load that keeps coming back is a daily pattern, for schedules or seasons.
-MAX_SHED_WAIT = 3600.0
 # What limited a pool's recommendation before the windows and steps, in words.
 RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "capacity": "no room on the nodes for more",
@@ -191,8 +155,8 @@ def _bound(pool: _Pool, note: str) -> None:
 
 def _expected_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec, memory: PoolMemory) -> float:
     """How long a new replica of the pool takes to become Ready: as measured, else the
-    profiles' estimate, else DEFAULT_LOAD_SECONDS."""
-    return memory.load_seconds or seed_load_seconds(spec, pool) or DEFAULT_LOAD_SECONDS
+    profiles' estimate, else TUNING.default_load_seconds."""
+    return memory.load_seconds or seed_load_seconds(spec, pool) or TUNING.default_load_seconds
 
 
 def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | None:
@@ -208,7 +172,9 @@ def _mean_prompt(spec: PDDeploymentSpec, loads: dict[Role, RoleLoad], role: Role
     return (
         loads[role].mean_prompt_tokens
         or loads["prefill"].mean_prompt_tokens
-        or min(spec.model.context_length or DEFAULT_PROMPT_TOKENS, DEFAULT_PROMPT_TOKENS)
+        or min(
+            spec.model.context_length or TUNING.default_prompt_tokens, TUNING.default_prompt_tokens
+        )
     )
 
 
@@ -228,7 +194,7 @@ def _decode_context(
         return tokens, sequences
     if tokens is None or sequences is None:
         return context * held, held
-    w = RUNNING_EMA_WEIGHT
+    w = TUNING.running_ema_weight
     return w * context * held + (1 - w) * tokens, w * held + (1 - w) * sequences
 
 
@@ -249,13 +215,13 @@ def _utilisation(
     cached_share = load.cached_share
     demand = load.growth_demand if demand is None else demand
     if capacity.basis is None:
-        return TARGET_UTILISATION, SCALE_DOWN_UTILISATION
+        return TUNING.target_utilisation, TUNING.scale_down_utilisation
     if role == "decode":
         # A bursty batch swings past the mean: the fixed margins are the most decode may use,
         # less when the batch at the ITL percentile would breach the target.
         room = decode_utilisation(spec, prompt, memory.batch_dispersion())
-        grow_at = min(TARGET_UTILISATION, room)
-        return grow_at, grow_at * SCALE_DOWN_UTILISATION / TARGET_UTILISATION
+        grow_at = min(TUNING.target_utilisation, room)
+        return grow_at, grow_at * TUNING.scale_down_utilisation / TUNING.target_utilisation
     replicas = sum(s.placeable for s in slots)
     per_replica = capacity.per_replica
 
@@ -263,8 +229,8 @@ def _utilisation(
         # The queueing estimate only raises the margins: it does not see bursts, nor lengths
         # more varied than it assumes, so it never sizes tighter than the fixed margins would.
         return max(
-            TARGET_UTILISATION,
-            PREFILL_GROW_SHARE
+            TUNING.target_utilisation,
+            TUNING.prefill_grow_share
             * prefill_utilisation(spec, per_replica, prompt, servers, cached_share=cached_share),
         )
 
@@ -282,7 +248,7 @@ def _utilisation(
             ),
             grow_at,
         )
-    shrink_at = PREFILL_SHRINK_SHARE * prefill_utilisation(
+    shrink_at = TUNING.prefill_shrink_share * prefill_utilisation(
         spec, per_replica, prompt, replicas - 1, cached_share=cached_share
     )
     # A replica shed takes its prefix cache with it: the prefixes it held (its 1/N share, as
@@ -292,7 +258,7 @@ def _utilisation(
     # TTFT target.) Growing counts on the whole share: a new replica destroys no cache.
     kept_share = cached_share * (replicas - 1) / replicas if replicas > 1 else 0.0
     cold = cache_speedup(spec, prompt, cached_share) / cache_speedup(spec, prompt, kept_share)
-    return grow_at, max(SCALE_DOWN_UTILISATION, shrink_at) / cold
+    return grow_at, max(TUNING.scale_down_utilisation, shrink_at) / cold
 
 
 def _capacity_of(slots: list[Slot], replicas: int) -> float:
@@ -368,7 +334,7 @@ def settle_seconds(spec: PDDeploymentSpec, role: Role, loads: Mapping[Role, Role
     window = float(spec.slo.window_seconds)
     running, requests = loads["decode"].running_requests, loads["prefill"].requests_per_second
     if role == "decode" and running and requests:
-        return window + (1 + PROMPT_LENGTH_CV2) * float(running) / requests
+        return window + (1 + TUNING.prompt_length_cv2) * float(running) / requests
     return window
 
 
@@ -399,24 +365,25 @@ def _futility(
     """The breach more replicas did not lower (None: none), and whether the last scale-up was
     judged now (its replicas have served a whole window).
 
-    A futile breach stays futile while it is no more than WORSE_FACTOR above the one recorded;
-    it ends when the latency comes back under HOLD_RATIO of the target. (Not merely within the
-    tolerance: a tail set by a few long prompts dips near the target in a window without them
-    and comes back with the next ones, and each return would otherwise add replicas.)
+    A futile breach stays futile while it is no more than `worse_factor` above the one
+    recorded; it ends when the latency comes back under `hold_ratio` of the target. (Not merely
+    within the tolerance: a tail set by a few long prompts dips near the target in a window
+    without them and comes back with the next ones, and each return would otherwise add
+    replicas.)
     """
     ratio = load.latency_ratio
     if load.status != "active" or ratio is None or load.breach_unresolved:
         return None, False  # a reading its bucket cannot place says nothing either way
     if (
         memory.futile_ratio is not None
-        and HOLD_RATIO <= ratio <= memory.futile_ratio * WORSE_FACTOR
+        and TUNING.hold_ratio <= ratio <= memory.futile_ratio * TUNING.worse_factor
     ):
         return memory.futile_ratio, False
     before, demand_before = memory.latency_ratio_at_scale_up, memory.demand_at_scale_up
     settled = all(p.window_ready(now, window)[1] and p.memory.scaled_up_to is None for p in pools)
     if before is None or not settled:
         return None, False
-    if ratio <= BREACH_RATIO or before <= BREACH_RATIO:
+    if ratio <= TUNING.breach_ratio or before <= TUNING.breach_ratio:
         return None, True
     # More load on each replica than at the scale-up would explain a breach that stayed.
     demand, ready = load.demand_tokens_per_second, sum(p.seen.ready for p in pools)
@@ -428,7 +395,7 @@ def _futility(
         or ready <= ready_before
         or demand / ready > demand_before / ready_before
     )
-    if ratio >= before * (1 - FUTILE_IMPROVEMENT) and not more_load:
+    if ratio >= before * (1 - TUNING.futile_improvement) and not more_load:
         return ratio, True
     return None, True
 
@@ -440,7 +407,7 @@ def _warm_up_gate(pools: list[_Pool], load: RoleLoad, memory: RoleMemory, now: f
         (load.latency_ratio, memory.latency_ratio_at_scale_up),
         (load.demand_tokens_per_second, memory.demand_at_scale_up),
     )
-    worse = any(n is not None and t is not None and n > t * WORSE_FACTOR for n, t in pairs)
+    worse = any(n is not None and t is not None and n > t * TUNING.worse_factor for n, t in pairs)
     return warming and not worse
 
 
@@ -460,8 +427,8 @@ def _recent(
     )
     window = spec.scaling.scale_down.stabilization_seconds
     kept = [s for s in memory.recent if now - window <= s[0] < now]
-    if len(kept) > 1 and kept[-1][0] - kept[-2][0] < window / STEADY_SAMPLES:
-        kept.pop()  # samples at least window / STEADY_SAMPLES apart, and the newest
+    if len(kept) > 1 and kept[-1][0] - kept[-2][0] < window / TUNING.steady_samples:
+        kept.pop()  # samples at least window / TUNING.steady_samples apart, and the newest
     return (*kept, sample)
 
 
@@ -475,19 +442,19 @@ def _steady(spec: PDDeploymentSpec, samples: tuple[Sample, ...], now: float) -> 
         return False  # not watched for a whole window yet
     # A gap (an operator restart resumes from the memory of its last status write) hides what
     # the load did in it.
-    spacing = max(float(spec.scaling.interval_seconds), window / STEADY_SAMPLES)
-    if any(b[0] - a[0] > STALE_INTERVALS * spacing for a, b in itertools.pairwise(samples)):
+    spacing = max(float(spec.scaling.interval_seconds), window / TUNING.steady_samples)
+    if any(b[0] - a[0] > TUNING.stale_intervals * spacing for a, b in itertools.pairwise(samples)):
         return False
     demands = [d for _, d, _ in samples if d is not None]
     ratios = [r for _, _, r in samples if r is not None]
     if len(demands) < len(samples) or len(ratios) < len(samples):
         return False
-    if max(ratios) >= STEADY_LATENCY_RATIO:
+    if max(ratios) >= TUNING.steady_latency_ratio:
         return False
     mean = sum(demands) / len(demands)
     changes = [(b - a) ** 2 for a, b in itertools.pairwise(demands)]
     spread = math.sqrt(sum(changes) / len(changes) / 2)
-    return mean > 0 and spread <= STEADY_DEMAND_CHANGE * mean
+    return mean > 0 and spread <= TUNING.steady_demand_change * mean
 
 
 def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -> int:
@@ -515,7 +482,7 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
     if values[-1] < values[0]:
         pool.steady_window = windows[-1]
         pool.notes.append(
-            f"load steady and latency under {STEADY_LATENCY_RATIO:g}x the target for "
+            f"load steady and latency under {TUNING.steady_latency_ratio:g}x the target for "
             f"{windows[0]:.0f}s: the {windows[-1]:.0f}s scale-down window"
         )
     return values[-1]
@@ -630,9 +597,11 @@ def _decide_role(
             pool.move(pool.current, "warmup", "replicas of the last scale-up are still loading")
         if decode_short and pool.value > pool.current:
             pool.move(pool.current, decode_short, "decode cannot grow: not adding prefill")
-        room = ceiling(pool.slot(), pool.placeable, ledger) if ledger is not None else None
-        if room is not None and pool.value > room:
-            pool.move(room, "capacity", f"room for {room} only")
+        # Room is at least what the pool holds already: only a pool past it scans the nodes.
+        if ledger is not None and pool.value > pool.placeable:
+            room = ceiling(pool.slot(), pool.placeable, ledger)
+            if room is not None and pool.value > room:
+                pool.move(room, "capacity", f"room for {room} only")
         _bound(pool, "min/max")
         if ledger is not None and pool.value > pool.placeable:
             ledger = ledger.take(pool.spec, pool.value - pool.placeable)
@@ -692,7 +661,7 @@ def _warm_up(spec: PDDeploymentSpec, pool: _Pool, now: float) -> PoolMemory:
         return replace(memory, recommendations=())
     took = now - since
     if memory.load_seconds is not None:
-        took = LOAD_EMA_WEIGHT * took + (1 - LOAD_EMA_WEIGHT) * memory.load_seconds
+        took = TUNING.load_ema_weight * took + (1 - TUNING.load_ema_weight) * memory.load_seconds
     return PoolMemory(load_seconds=took)
 
 
@@ -702,7 +671,7 @@ def _shed_memory(
     """(When the pool last shed a replica, if not judged yet; how long a steady load must last
     before it may shed the next.) A shed is judged one load time and an interval after it: if
     the pool grew again by then, the shed was wrong (it cost a load time of breach) and the
-    wait doubles, up to MAX_SHED_WAIT, for both scale-down windows; if not, the shed was
+    wait doubles, up to `max_shed_wait`, for both scale-down windows; if not, the shed was
     right and the windows are the spec's again. (A load in waves a few load times long
     otherwise shed at every trough and grew back at every crest.)"""
     memory = pool.memory
@@ -711,7 +680,9 @@ def _shed_memory(
         load = _expected_load_seconds(spec, pool.spec, memory)
         scale_down = spec.scaling.scale_down
         if pool.value > pool.current:
-            wait = min(MAX_SHED_WAIT, 2 * max(wait or 0.0, load, scale_down.steady_window_seconds))
+            wait = min(
+                TUNING.max_shed_wait, 2 * max(wait or 0.0, load, scale_down.steady_window_seconds)
+            )
             shed_at = None
         elif now - shed_at > load + spec.scaling.interval_seconds:
             shed_at, wait = None, None
@@ -720,19 +691,10 @@ def _shed_memory(
     return shed_at, wait
 
 
-def _remember(
-    spec: PDDeploymentSpec,
-    state: PolicyState,
-    work: dict[Role, list[_Pool]],
-    *,
-    loads: dict[Role, RoleLoad],
-    capacities: dict[Role, RoleCapacity],
-    futility: dict[Role, tuple[float | None, bool]],
-    recents: dict[Role, tuple[Sample, ...]],
-    kv_means: tuple[float | None, float | None],
-    settle: Mapping[Role, float],
-    now: float,
-) -> PolicyState:
+def _remember(r: "_Round") -> PolicyState:
+    """The policy's memory after this decision (stored in status, read by the next)."""
+    spec, state, work, now = r.spec, r.state, r.work, r.now
+    loads, capacities, futility, settle = r.loads, r.capacities, r.futility, r.settle
     keep = max(
         spec.scaling.scale_up.stabilization_seconds, spec.scaling.scale_down.stabilization_seconds
     )
@@ -781,9 +743,9 @@ def _remember(
                     for p in work[role]
                 ),
             ),
-            kv_tokens_mean=kv_means[0] if role == "decode" else None,
-            kv_sequences_mean=kv_means[1] if role == "decode" else None,
-            recent=recents[role],
+            kv_tokens_mean=r.kv_means[0] if role == "decode" else None,
+            kv_sequences_mean=r.kv_means[1] if role == "decode" else None,
+            recent=r.recents[role],
         )
     return PolicyState(pools=pools, roles=roles)
 
@@ -808,7 +770,7 @@ def _running_averages(
     mean, change = old.running_mean, old.running_change_square_mean
     if batch is None:
         return {"running_mean": mean, "running_change_square_mean": change, "running_last": None}
-    w, last = RUNNING_EMA_WEIGHT, old.running_last
+    w, last = TUNING.running_ema_weight, old.running_last
     if last is not None and not resized:
         change = w * (batch - last) ** 2 + (1 - w) * (change or 0.0)
     return {
@@ -851,6 +813,195 @@ def _role_words(
     return f"{role}: {', '.join(moves) or 'hold'}{limited} ({note})"
 
 
+@dataclass
+class _Round:
+    """One decision in the making: what the rules of `decide` read, and what each adds."""
+
+    spec: PDDeploymentSpec
+    observation: Observation
+    state: PolicyState
+    now: float
+    wall_clock: float
+    work: dict[Role, list[_Pool]]
+    ledger: FreeCapacity | None = None
+    loads: dict[Role, RoleLoad] = field(default_factory=dict)
+    settle: dict[Role, float] = field(default_factory=dict)
+    futility: dict[Role, tuple[float | None, bool]] = field(default_factory=dict)
+    prompts: dict[Role, float] = field(default_factory=dict)
+    kv_means: tuple[float | None, float | None] = (None, None)
+    capacities: dict[Role, RoleCapacity] = field(default_factory=dict)
+    recents: dict[Role, tuple[Sample, ...]] = field(default_factory=dict)
+    ratio_note: str = ""
+
+
+def _hold_schedule_floors(r: _Round) -> None:
+    """Schedules raise a pool's min while their window is open (or about to be)."""
+    spec, state = r.spec, r.state
+    floors = active_floors(
+        spec,
+        r.wall_clock,
+        lambda role, pool: _expected_load_seconds(spec, pool, state.pool(role, pool.name)),
+    )
+    for role in ROLES:
+        for pool in r.work[role]:
+            floor = floors.get((role, pool.spec.name))
+            if floor is not None and floor.replicas > pool.spec.replicas.min:
+                pool.hold_at(floor)
+
+
+def _reserve_room(r: _Round) -> None:
+    """Free capacity, less the room pods waiting to be bound will take."""
+    pools = [p for role in DECISION_ORDER for p in r.work[role]]
+    r.ledger = _reserve(pools, r.observation.capacity)
+
+
+def _read_loads(r: _Round) -> None:
+    """Each role's load from its signals, with the capacity still arriving and the breaches
+    that more replicas did not lower."""
+    spec, state, now = r.spec, r.state, r.now
+    r.loads = {
+        role: read_load(
+            spec, role, r.observation.signals.get(role), now, state.role(role).stuck_since
+        )
+        for role in ROLES
+    }
+    r.settle = {role: settle_seconds(spec, role, r.loads) for role in ROLES}
+    for role in ROLES:
+        load = _arriving_capacity(r.loads[role], r.work[role], now, r.settle[role])
+        r.futility[role] = _futility(r.work[role], load, state.role(role), now, r.settle[role])
+        if r.futility[role][0] is not None:
+            note = f"{load.note}; the last scale-up did not lower this breach"
+            load = replace(load, futile=True, note=note)
+        r.loads[role] = load
+
+
+def _size_requests(r: _Round) -> None:
+    """The tokens a request costs each role: the mean prompt for prefill, the context a
+    running sequence holds (from the KV cache) for decode."""
+    r.prompts = {role: _mean_prompt(r.spec, r.loads, role) for role in ROLES}
+    decode = r.state.role("decode")
+    r.kv_means = _decode_context(r.spec, r.loads["decode"], r.work["decode"], decode)
+    context = replace(
+        decode, kv_tokens_mean=r.kv_means[0], kv_sequences_mean=r.kv_means[1]
+    ).context_tokens()
+    if context is not None:
+        r.prompts["decode"] = context
+
+
+def _estimate_capacity(r: _Round) -> None:
+    """Each pool's capacity per replica, learned from what the role served."""
+    r.capacities = {
+        role: _capacity(
+            r.spec,
+            role,
+            state=r.state,
+            loads=r.loads,
+            pools=r.work[role],
+            now=r.now,
+            prompt=r.prompts[role],
+        )
+        for role in ROLES
+    }
+    for role in ROLES:
+        for pool in r.work[role]:
+            pool.weight = r.capacities[role].per_replica[pool.spec.name]
+
+
+def _hold_seasonal_floors(r: _Round) -> None:
+    """The seasonal forecast raises a pool's min one model load ahead of the load."""
+    if r.spec.scaling.seasonal is None:
+        return
+    for role in ROLES:
+        _seasonal_floors(
+            r.spec,
+            r.work[role],
+            r.loads[role],
+            r.observation.signals.get(role),
+            capacity=r.capacities[role],
+            prompt=r.prompts[role],
+            memory=r.state.role(role),
+        )
+
+
+def _size_roles(r: _Round) -> None:
+    """Replicas per pool, decode first: it claims shared nodes first, and prefill holds while
+    decode is full and cannot grow (more prefill would only queue KV at it)."""
+    spec, state, now = r.spec, r.state, r.now
+    r.recents = {role: _recent(spec, state.role(role), r.loads[role], now) for role in ROLES}
+    decode_short: LimitedBy | None = None
+    for role in DECISION_ORDER:
+        gates = (
+            _warm_up_gate(r.work[role], r.loads[role], state.role(role), now),
+            decode_short if role == "prefill" else None,
+        )
+        r.ledger, short = _decide_role(
+            spec,
+            r.work[role],
+            r.loads[role],
+            capacity=r.capacities[role],
+            prompt=r.prompts[role],
+            gates=gates,
+            ledger=r.ledger,
+            memory=state.role(role),
+            steady=_steady(spec, r.recents[role], now),
+            now=now,
+        )
+        grew = any(p.value > p.current for p in r.work[role])
+        if role == "decode" and backlogged(r.loads[role]) and not grew:
+            decode_short = short
+
+
+def _guard_ratio(r: _Round) -> None:
+    """The prefill:decode guardrail, last: it moves pools the rules above sized."""
+    r.ratio_note = _apply_ratio(r.spec, r.work, r.loads, r.ledger)
+
+
+# The rules of a decision, in order; each reads what those before it added to the round.
+RULES = (
+    _hold_schedule_floors,
+    _reserve_room,
+    _read_loads,
+    _size_requests,
+    _estimate_capacity,
+    _hold_seasonal_floors,
+    _size_roles,
+    _guard_ratio,
+)
+
+
+def _decision(r: _Round, memory: PolicyState) -> Decision:
+    """The decision as the operator records it: replicas, reasons, what limited them."""
+    words = [
+        _role_words(r.spec, role, r.work[role], r.loads[role], memory=memory.role(role), now=r.now)
+        for role in ROLES
+    ]
+    details = tuple(
+        PoolDecision(
+            role=pool.role,
+            pool=pool.spec.name,
+            current_replicas=pool.current,
+            ready_replicas=pool.seen.ready,
+            desired_replicas=pool.value,
+            limited_by=pool.limited_by,
+            reason="; ".join([r.loads[pool.role].note, *pool.notes]),
+            capacity_per_replica=memory.pool(pool.role, pool.spec.name).capacity_per_replica,
+        )
+        for role in ROLES
+        for pool in r.work[role]
+    )
+    limits = {d.limited_by for d in details}
+    if r.ratio_note:
+        limits.add("ratio")
+    return Decision(
+        time=r.now,
+        replicas={(d.role, d.pool): d.desired_replicas for d in details},
+        pools=details,
+        reason="; ".join(filter(None, [*words, r.ratio_note])),
+        limited_by=next((limit for limit in LIMIT_PRIORITY if limit in limits), "none"),
+        state=memory,
+    )
+
+
 def decide(
     spec: PDDeploymentSpec,
     observation: Observation,
@@ -880,118 +1031,7 @@ def decide(
         ]
         for role in ROLES
     }
-    floors = active_floors(
-        spec,
-        now if wall_clock is None else wall_clock,
-        lambda role, pool: _expected_load_seconds(spec, pool, state.pool(role, pool.name)),
-    )
-    for role in ROLES:
-        for pool in work[role]:
-            floor = floors.get((role, pool.spec.name))
-            if floor is not None and floor.replicas > pool.spec.replicas.min:
-                pool.hold_at(floor)
-    ledger = _reserve([p for role in DECISION_ORDER for p in work[role]], observation.capacity)
-    loads = {
-        role: read_load(
-            spec, role, observation.signals.get(role), now, state.role(role).stuck_since
-        )
-        for role in ROLES
-    }
-    futility: dict[Role, tuple[float | None, bool]] = {}
-    settle = {role: settle_seconds(spec, role, loads) for role in ROLES}
-    for role in ROLES:
-        loads[role] = _arriving_capacity(loads[role], work[role], now, settle[role])
-        futility[role] = _futility(work[role], loads[role], state.role(role), now, settle[role])
-        if futility[role][0] is not None:
-            note = f"{loads[role].note}; the last scale-up did not lower this breach"
-            loads[role] = replace(loads[role], futile=True, note=note)
-    prompts = {role: _mean_prompt(spec, loads, role) for role in ROLES}
-    kv_means = _decode_context(spec, loads["decode"], work["decode"], state.role("decode"))
-    context = replace(
-        state.role("decode"), kv_tokens_mean=kv_means[0], kv_sequences_mean=kv_means[1]
-    ).context_tokens()
-    if context is not None:
-        prompts["decode"] = context
-    capacities = {
-        role: _capacity(
-            spec, role, state=state, loads=loads, pools=work[role], now=now, prompt=prompts[role]
-        )
-        for role in ROLES
-    }
-    for role in ROLES:
-        for pool in work[role]:
-            pool.weight = capacities[role].per_replica[pool.spec.name]
-    if spec.scaling.seasonal is not None:
-        for role in ROLES:
-            _seasonal_floors(
-                spec,
-                work[role],
-                loads[role],
-                observation.signals.get(role),
-                capacity=capacities[role],
-                prompt=prompts[role],
-                memory=state.role(role),
-            )
-    recents = {role: _recent(spec, state.role(role), loads[role], now) for role in ROLES}
-    decode_short: LimitedBy | None = None
-    for role in DECISION_ORDER:
-        gates = (
-            _warm_up_gate(work[role], loads[role], state.role(role), now),
-            decode_short if role == "prefill" else None,
-        )
-        ledger, short = _decide_role(
-            spec,
-            work[role],
-            loads[role],
-            capacity=capacities[role],
-            prompt=prompts[role],
-            gates=gates,
-            ledger=ledger,
-            memory=state.role(role),
-            steady=_steady(spec, recents[role], now),
-            now=now,
-        )
-        grew = any(p.value > p.current for p in work[role])
-        if role == "decode" and backlogged(loads[role]) and not grew:
-            decode_short = short  # decode is full: more prefill would only queue KV at it
-    ratio_note = _apply_ratio(spec, work, loads, ledger)
-    new_state = _remember(
-        spec,
-        state,
-        work,
-        loads=loads,
-        capacities=capacities,
-        futility=futility,
-        recents=recents,
-        kv_means=kv_means,
-        settle=settle,
-        now=now,
-    )
-    words = [
-        _role_words(spec, r, work[r], loads[r], memory=new_state.role(r), now=now) for r in ROLES
-    ]
-    details = tuple(
-        PoolDecision(
-            role=pool.role,
-            pool=pool.spec.name,
-            current_replicas=pool.current,
-            ready_replicas=pool.seen.ready,
-            desired_replicas=pool.value,
-            limited_by=pool.limited_by,
-            reason="; ".join([loads[pool.role].note, *pool.notes]),
-            capacity_per_replica=new_state.pool(pool.role, pool.spec.name).capacity_per_replica,
-        )
-        for role in ROLES
-        for pool in work[role]
-    )
-    limits = {d.limited_by for d in details}
-    if ratio_note:
-        limits.add("ratio")
-    return Decision(
-        time=now,
-        replicas={(d.role, d.pool): d.desired_replicas for d in details},
-        pools=details,
-        reason="; ".join(filter(None, [*words, ratio_note])),
-        limited_by=next((limit for limit in LIMIT_PRIORITY if limit in limits), "none"),
-        state=new_state,
-    )
+    r = _Round(spec, observation, state, now, now if wall_clock is None else wall_clock, work)
+    for rule in RULES:
+        rule(r)
+    return _decision(r, _remember(r))

@@ -12,6 +12,8 @@ CAPACITY_AVAILABLE = "CapacityAvailable"
 SEASONAL_HISTORY = "SeasonalHistory"
 # Mode External: whether each role runs what its PDPool asks.
 EXTERNAL_SCALING = "ExternalScaling"
+# Whether every accelerator.profile names a known hardware profile (else: learned online).
+PROFILES_KNOWN = "ProfilesKnown"
 
 # Reasons.
 AS_EXPECTED = "AsExpected"
@@ -38,6 +40,7 @@ CAPACITY_EXHAUSTED = "CapacityExhausted"
 HISTORY_FOUND = "HistoryFound"
 HISTORY_MISSING = "HistoryMissing"
 AS_REQUESTED = "AsRequested"
+UNKNOWN_PROFILE = "UnknownProfile"
 OVERRIDDEN = "Overridden"
 PDPOOL_MISSING = "PDPoolMissing"
 
@@ -56,3 +59,4 @@ NO_READY_PODS = "NoReadyPods"
 EVENT_CAPACITY_EXHAUSTED = "CapacityExhausted"
 # Mode External: a role runs other than its PDPool asks (bounds, capacity, ratio).
 EVENT_SCALE_OVERRIDDEN = "ScaleOverridden"
+EVENT_UNKNOWN_PROFILE = "UnknownProfile"

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pd_operator.api.spec import Role
 from pd_operator.core.engine_metrics import DEFAULT_BOUNDS
 from pd_operator.core.seasonal import Season
 
@@ -86,6 +87,13 @@ class RoleSignals:
     # ... periods ago onwards (`core.seasonal.Season`); empty: not read or no history.
     seasons: tuple[Season, ...] = ()
 
+    def latency(self, role: Role) -> Reading:
+        """The latency the role is scaled on: TTFT for prefill, ITL for decode."""
+        return self.ttft_seconds if role == "prefill" else self.itl_seconds
+
+
+# What each role's latency is called in reasons and logs.
+LATENCY_NAMES: dict[Role, str] = {"prefill": "TTFT", "decode": "ITL"}
 
 # The resolution of any `histogram_quantile` the adapter reads, per engine and role.
 LATENCY_BUCKETS: dict[str, dict[str, tuple[float, ...]]] = {

@@ -13,6 +13,7 @@ from pd_operator.core import reasons
 from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.naming import deployment_name, router_name
 from pd_operator.core.observe import PodSummary
+from pd_operator.core.profiles import unknown_profiles
 from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
 from pd_operator.core.router import endpoint_url
 
@@ -204,6 +205,7 @@ def compute_status(
     problems += _router_problems(pdd, children)
 
     before = {c["type"]: c for c in previous.get("conditions") or []}
+    unknown = unknown_profiles(pdd.spec)  # a typo'd profile is said, not silently learned
     stalled = bool(problems)
     ready = not stalled and not waiting
     stall_message = "; ".join(p.message for p in problems)
@@ -244,6 +246,12 @@ def compute_status(
             reasons.UNSCHEDULABLE if unschedulable_total else reasons.ALL_SCHEDULED,
             f"{unschedulable_total} pod(s) cannot be scheduled" if unschedulable_total else "",
         ),
+        condition(
+            reasons.PROFILES_KNOWN,
+            not unknown,
+            reasons.UNKNOWN_PROFILE if unknown else reasons.AS_EXPECTED,
+            "; ".join(unknown),
+        ),
     ]
     status: dict[str, Any] = {
         "observedGeneration": generation,
@@ -263,7 +271,7 @@ def compute_status(
             c for c in previous.get("conditions") or [] if c["type"] in AUTOSCALER_CONDITIONS
         ]
 
-    return status, _stall_events(before, stalled, stall_message)
+    return status, _stall_events(before, stalled, stall_message) + _profile_events(before, unknown)
 
 
 def _add_scaling(status: dict[str, Any], scaling: ScalingView) -> None:
@@ -273,6 +281,15 @@ def _add_scaling(status: dict[str, Any], scaling: ScalingView) -> None:
         status["policyMemory"] = scaling.policy_memory
     if scaling.external is not None:
         status["externalScaling"] = scaling.external
+
+
+def _profile_events(before: Mapping[str, Mapping[str, Any]], unknown: list[str]) -> list[EventSpec]:
+    """A Warning when a profile name matches no profile (or the list of them changes)."""
+    message = bounded_message("; ".join(unknown))
+    was = before.get(reasons.PROFILES_KNOWN, {})
+    if unknown and (was.get("status") != "False" or was.get("message") != message):
+        return [EventSpec("Warning", reasons.EVENT_UNKNOWN_PROFILE, message)]
+    return []
 
 
 def _stall_events(

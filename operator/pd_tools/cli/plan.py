@@ -44,7 +44,7 @@ def _workload_from(
 def _plan_trace(load: Load, model: "ModelProfile") -> tuple[list["Request"], float]:
     """The --trace window's requests the model takes (none without --trace), and the prefix-
     cache hit rate to plan with: --cache-hit, else the trace's own reuse, else 0."""
-    from pd_tools.replay.offline import admitted
+    from pd_tools.replay.outcomes import admitted
 
     trace = trace_requests(load.trace, load) if load.trace else []
     requests, refused = admitted(trace, model.max_context_tokens)

@@ -31,9 +31,12 @@ from pd_tools.cli.workload import (
 from pd_tools.enginesim.engine import ROUTINGS, Routing  # pure Python, no I/O: cheap to import
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from pd_operator.api.spec import PDDeploymentSpec
     from pd_operator.core.hardware import ModelProfile
-    from pd_tools.replay.offline import Cluster
+    from pd_tools.replay.cluster import Cluster
+    from pd_tools.replay.results import SimResult
     from pd_tools.simcluster.cluster import SimCluster
 
 POLICIES = "pd-operator, static-peak, hpa, dynamo-sla[:arima], llm-d-slo, oracle, prescient"
@@ -192,7 +195,7 @@ def cluster(
 def _spec_from(path: str | None) -> "PDDeploymentSpec":
     """The `--spec` file's PDDeployment, or the articles' example without one."""
     from pd_operator.api.document import parse_pddeployment, read_yaml
-    from pd_tools.replay.offline import example_document
+    from pd_tools.replay.example import example_document
 
     if not path:
         return parse_pddeployment(example_document()).spec
@@ -205,7 +208,7 @@ def _spec_from(path: str | None) -> "PDDeploymentSpec":
 
 def _model_for(name: str | None, spec: "PDDeploymentSpec") -> "ModelProfile":
     from pd_operator.core.hardware import MODEL_PROFILES
-    from pd_operator.core.learning import model_profile_for
+    from pd_operator.core.profiles import model_profile_for
 
     if name:
         return MODEL_PROFILES[known(name, "--model", MODEL_PROFILES, "model profile")]
@@ -223,7 +226,7 @@ def _cluster_for(
 ) -> "Cluster":
     """`--cluster` with `--price`, or a cluster that fits every pool at its max."""
     from pd_operator.core.hardware import HARDWARE_PROFILES
-    from pd_tools.replay.offline import Cluster, parse_cluster
+    from pd_tools.replay.cluster import Cluster, parse_cluster
 
     price_of = prices(price, "--price", HARDWARE_PROFILES)
     with about(f"--spec {spec_path}"):  # every pool must name a profile to be simulated
@@ -343,15 +346,9 @@ def replay(
     the loop, and compare them: SLO attainment, card-hours, cost, scale actions."""
     import json
 
-    from pd_operator.core.learning import model_profile_for
-    from pd_tools.replay.offline import (
-        TABLE_COLUMNS,
-        ProgressBar,
-        Timing,
-        check_policy_name,
-        simulate,
-        table_row,
-    )
+    from pd_operator.core.profiles import model_profile_for
+    from pd_tools.replay.offline import Timing, check_policy_name, simulate
+    from pd_tools.replay.progress import ProgressBar
     from pd_tools.workloads.traces import TokenLengths, constant_rate, synthetic_requests
 
     where = click.get_current_context().command_path
@@ -446,6 +443,17 @@ def replay(
             print(f"plot: {plot_result(result, deployment, image)}", file=sys.stderr)
     if output:
         Path(output).write_text(json.dumps([r.to_dict() for r in results], indent=1))
+    _print_results(results, output_format, explain=explain)
+    return 0
+
+
+def _print_results(results: "Sequence[SimResult]", output_format: str, *, explain: bool) -> None:
+    """The runs' summaries as JSON, or the comparison table (with each run's scale changes and
+    their reasons when `explain`)."""
+    import json
+
+    from pd_tools.replay.results import TABLE_COLUMNS, table_row
+
     if output_format == "json":
         summaries = [r.summary() | ({"changes": r.changes()} if explain else {}) for r in results]
         print(json.dumps(summaries, indent=2))
@@ -455,4 +463,3 @@ def replay(
             for result in results:
                 print(f"\n{result.policy}: scale changes (seconds from the window's start)")
                 print("\n".join(f"  {line}" for line in result.change_lines()) or "  none")
-    return 0

@@ -42,7 +42,8 @@ from pd_tools.planner.sizing import (
     plan,
 )
 from pd_tools.replay.baselines import StaticPeak
-from pd_tools.replay.offline import SimResult, simulate
+from pd_tools.replay.offline import simulate
+from pd_tools.replay.results import SimResult
 from pd_tools.workloads.traces import Request
 
 # Replays one search may run in all; each is one pass of the simulator over the trace's window.

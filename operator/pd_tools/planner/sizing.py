@@ -42,9 +42,8 @@ from pd_operator.core.perfmodel import (
     max_concurrent_sequences,
 )
 from pd_operator.core.queueing import MAX_UTILISATION, attained_share
+from pd_operator.core.tuning import TUNING
 
-PREFILL_BATCH_TOKENS = 8192
-MAX_DECODE_BATCH = 1024
 MAX_REPLICAS = 256
 DEFAULT_LINK_BYTES_PER_SECOND = 100e9  # as the engine simulator (Mooncake's low end)
 ROLES = ("prefill", "decode")
@@ -264,7 +263,7 @@ def _service_s(
     """One prompt's own prefill work plus its share of a batch's fixed cost."""
     prompt = max(1, round(prompt_tokens))
     cached = min(prompt - 1, math.floor(prompt * cache_hit_rate))
-    batch = max(1, PREFILL_BATCH_TOKENS // max(1, prompt - cached))
+    batch = max(1, TUNING.prefill_batch_tokens // max(1, prompt - cached))
     return coefficients.batch_ms([prompt] * batch, [cached] * batch) / 1000 / batch
 
 
@@ -381,7 +380,7 @@ def decode_itl_at(
     pools = [(c, n) for c, n in zip(candidates, replicas, strict=True) if n > 0]
     fits = {
         c: min(
-            MAX_DECODE_BATCH,
+            TUNING.max_decode_batch,
             max_concurrent_sequences(c.hardware, model, c.cards_per_replica, footprint),
         )
         for c, _ in pools

@@ -21,6 +21,7 @@ from pd_operator.core.learning import seed_capacity
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.seasonal import HORIZON_SECONDS, season_starts, seasons_from_history
+from pd_operator.core.signals import LATENCY_NAMES
 from pd_tools.replay.offline_metrics import WindowStats
 from pd_tools.workloads.traces import Request
 
@@ -334,7 +335,7 @@ class DynamoSLA:
             mean = stats.mean_latency_s if stats else None
             if mean is None:
                 continue  # NaN at zero traffic: Dynamo holds
-            target = view.spec.slo.ttft if role == "prefill" else view.spec.slo.itl
+            target = view.spec.slo.target(role)
             ratio = mean / (target.target_milliseconds / 1000)
             step = 1 if ratio > 1 else -1 if ratio < 0.5 else 0
             if step == 0:
@@ -342,7 +343,7 @@ class DynamoSLA:
             pool = view.spec.pools(role)[0 if step > 0 else -1]
             key = (role, pool.name)
             out[key] = _clamp(view.spec, key, view.replicas[key] + step, view.room)
-            name = "TTFT" if role == "prefill" else "ITL"
+            name = LATENCY_NAMES[role]
             words.append(f"reactive: {role} mean {name} {ratio:.2f}x target, {step:+d}")
         self.reason = "; ".join(words)
         return out
@@ -376,7 +377,7 @@ class LlmdSLO:
             stats = view.stats.get(role)
             if stats is None or stats.p90_latency_s is None:
                 continue
-            target = view.spec.slo.ttft if role == "prefill" else view.spec.slo.itl
+            target = view.spec.slo.target(role)
             s = stats.p90_latency_s / (target.target_milliseconds / 1000)
             name = "TTFT" if role == "prefill" else "TPOT"
             words.append(
@@ -478,8 +479,8 @@ class Prescient:
     from `k * period_s` needs, and each of its replicas starts `lead_s` (the model load) before
     that minute, so that it serves from the minute's first second; a replica stays while a
     minute it was started for has not ended (`started_replicas`).
-    `sim.offline.prescient_schedule` finds the schedule; the docs say how. It decides every
-    second, so that a start is never late."""
+    `replay.oracle_search.prescient_schedule` finds the schedule; the docs say how. It decides
+    every second, so that a start is never late."""
 
     schedule: Sequence[Mapping[PoolKey, int]]
     lead_s: float
@@ -503,8 +504,8 @@ class Oracle:
 
     `schedule[k]` holds from `k * interval_s` (the last entry to the end): per interval, the
     fewest replicas per pool with which the simulated requests meet the SLO, ready at once
-    (no warm-up, no stabilization, no step limits). `sim.offline.oracle_schedule` finds it by
-    searching against the simulator; the docs say how.
+    (no warm-up, no stabilization, no step limits). `replay.oracle_search.oracle_schedule`
+    finds it by searching against the simulator; the docs say how.
     """
 
     schedule: Sequence[Mapping[PoolKey, int]]

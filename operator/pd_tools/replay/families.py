@@ -36,7 +36,7 @@ from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.hardware import HARDWARE_PROFILES, MODEL_PROFILES, ModelProfile
 from pd_operator.core.learning import seed_capacity
-from pd_tools.replay.offline import example_document
+from pd_tools.replay.example import example_document
 from pd_tools.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
     RateProfile,
@@ -443,7 +443,7 @@ def _prefix_blocks(rng: random.Random, input_tokens: int, reuse: float) -> int:
 
 
 def deployment_document(deployment: Deployment, max_replicas: tuple[int, int]) -> dict[str, Any]:
-    """The example PDDeployment (sim.offline.example_document at P99) on `deployment`."""
+    """The example PDDeployment (replay.example.example_document at P99) on `deployment`."""
     document = example_document(model_name=deployment.model_name, percentile="P99")
     pools = {
         "prefill": (deployment.prefill, deployment.prefill_cards, max_replicas[0]),

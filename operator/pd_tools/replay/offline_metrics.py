@@ -129,7 +129,7 @@ def role_signals(
                 sample_time=last.time_s, ttft_seconds=missing, itl_seconds=missing
             )
             continue
-        target = spec.slo.ttft if role == "prefill" else spec.slo.itl
+        target = spec.slo.target(role)
         delta = [y - x for x, y in zip(a.buckets, b.buckets, strict=True)]
         value = histogram_quantile(PERCENTILE_SHARES[target.percentile], b.bounds, delta)
         latency = NO_TRAFFIC if math.isnan(value) else Reading.of(value)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pd_operator.api.spec import PDDeploymentSpec
-from pd_tools.replay.offline import SimResult
+from pd_tools.replay.results import SimResult
 
 QUANTILES = (0.5, 0.9, 0.99)
 CLIP = 20.0  # latencies above this many times the target (and unfinished ones) drawn there

@@ -1,0 +1,194 @@
+"""The replicas of an offline replay placed on the cluster's nodes and run in the engine.
+
+`Fleet` keeps each pool's replicas as a Deployment and the scheduler would: new ones take a
+node's cards at once (best fit) or stay pending when none fits, removed ones drain before their
+cards come back; it reports the replicas, the room left and the `Observation` a policy reads.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
+from pd_operator.core.capacity import PODS, FreeCapacity, NodeRoom
+from pd_operator.core.children import PoolKey
+from pd_operator.core.decision import Observation, PoolObservation
+from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
+from pd_operator.core.observe import NodeSummary
+from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, State
+from pd_tools.enginesim.engine import Role as EngineRole
+from pd_tools.replay.baselines import ROLES
+from pd_tools.replay.cluster import Cluster, accelerator_profile
+
+PODS_PER_NODE = 110  # the kubelet's default pod limit
+
+
+@dataclass
+class _Replica:
+    name: str
+    node: int
+
+
+class Fleet:
+    """Replicas per pool on the nodes, in the engine; pending ones wait for room."""
+
+    def __init__(
+        self, spec: PDDeploymentSpec, model: ModelProfile, cluster: Cluster, load_s: float | None
+    ) -> None:
+        self.spec = spec
+        self.load_s = load_s
+        self.pools = {(r, p.name): p for r in ROLES for p in spec.pools(r)}
+        self.replica_spec = {
+            key: ReplicaSpec.from_profiles(
+                HARDWARE_PROFILES[accelerator_profile(p)], model, p.accelerator.per_replica
+            )
+            for key, p in self.pools.items()
+        }
+        labels: dict[str, dict[str, str]] = {}
+        resources: dict[str, str] = {}
+        for pool in self.pools.values():
+            labels.setdefault(accelerator_profile(pool), {}).update(pool.accelerator.node_selector)
+            resources[accelerator_profile(pool)] = pool.accelerator.resource_name
+        self.nodes: list[NodeSummary] = []
+        self.node_type: list[str] = []
+        self.free: list[int] = []
+        self.pods: list[int] = []
+        for node_type in cluster.node_types:
+            for index in range(node_type.nodes):
+                self.nodes.append(
+                    NodeSummary(
+                        name=f"{node_type.profile}-{index}",
+                        labels=labels.get(node_type.profile, {}),
+                        taints=(),
+                        allocatable={
+                            resources.get(node_type.profile, "cards"): str(
+                                node_type.cards_per_node
+                            ),
+                            PODS: str(PODS_PER_NODE),
+                        },
+                        ready=True,
+                    )
+                )
+                self.node_type.append(node_type.profile)
+                self.free.append(node_type.cards_per_node)
+                self.pods.append(PODS_PER_NODE)
+        self.live: dict[PoolKey, list[_Replica]] = {key: [] for key in self.pools}
+        self.pending: dict[PoolKey, int] = dict.fromkeys(self.pools, 0)
+        self.draining: list[_Replica] = []
+        self.serial = 0
+
+    def replicas(self) -> dict[PoolKey, int]:
+        return {key: len(self.live[key]) + self.pending[key] for key in self.pools}
+
+    def _fits(self, pool: PoolSpec) -> list[int]:
+        cards = pool.accelerator.per_replica
+        return [
+            i
+            for i, t in enumerate(self.node_type)
+            if t == accelerator_profile(pool) and self.free[i] >= cards and self.pods[i] > 0
+        ]
+
+    def room(self) -> dict[PoolKey, int]:
+        """Most replicas each pool could have now: its max, and what the free cards hold."""
+        out = {}
+        for key, pool in self.pools.items():
+            cards = pool.accelerator.per_replica
+            spare = sum(self.free[i] // cards for i in self._fits(pool))
+            out[key] = min(pool.replicas.max, len(self.live[key]) + spare)
+        return out
+
+    def capacity(self) -> FreeCapacity:
+        rooms = []
+        for node, free, pods, kind in zip(
+            self.nodes, self.free, self.pods, self.node_type, strict=True
+        ):
+            resource = next(iter(k for k in node.allocatable if k != PODS), kind)
+            rooms.append(NodeRoom(node, {resource: Decimal(free), PODS: Decimal(pods)}))
+        return FreeCapacity(tuple(rooms))
+
+    def apply(self, engine: PDEngine, desired: Mapping[PoolKey, int], warm_up: bool) -> None:
+        for key, value in desired.items():
+            if key not in self.pools:
+                continue
+            current = len(self.live[key]) + self.pending[key]
+            if value > current:
+                self.pending[key] += value - current
+            elif value < current:
+                self._remove(engine, key, current - value)
+        self.place(engine, warm_up)
+
+    def _remove(self, engine: PDEngine, key: PoolKey, count: int) -> None:
+        dropped = min(count, self.pending[key])
+        self.pending[key] -= dropped
+        count -= dropped
+        # A ReplicaSet scales down not-ready pods first, then the most recently started (the
+        # older ones keep their warm prefix caches). `live` is in placement order.
+        live = self.live[key]
+        ranked = sorted(reversed(live), key=lambda r: engine.instance(r.name).state is State.READY)
+        gone = ranked[:count]
+        for replica in gone:
+            engine.remove_instance(replica.name)
+            self.draining.append(replica)
+        self.live[key] = [r for r in live if r not in gone]
+
+    def place(self, engine: PDEngine, warm_up: bool) -> None:
+        for key, pool in self.pools.items():
+            while self.pending[key] > 0:
+                nodes = self._fits(pool)
+                if not nodes:
+                    break
+                node = min(nodes, key=lambda i: (self.free[i], i))  # best fit, as the scheduler
+                self.free[node] -= pool.accelerator.per_replica
+                self.pods[node] -= 1
+                self.pending[key] -= 1
+                self.serial += 1
+                name = f"{key[0]}-{key[1]}-{self.serial}"
+                spec = self.replica_spec[key]
+                delay = (
+                    0.0
+                    if not warm_up
+                    else (spec.load_seconds if self.load_s is None else self.load_s)
+                )
+                engine.add_instance(name, EngineRole(key[0]), spec, ready_after_s=delay)
+                self.live[key].append(_Replica(name, node))
+
+    def release_drained(self, engine: PDEngine) -> None:
+        still = []
+        for replica in self.draining:
+            if engine.instance(replica.name).state is State.GONE:
+                pool = self.pools[self._key_of(replica.name)]
+                self.free[replica.node] += pool.accelerator.per_replica
+                self.pods[replica.node] += 1
+            else:
+                still.append(replica)
+        self.draining = still
+
+    def _key_of(self, name: str) -> PoolKey:
+        role, rest = name.split("-", 1)
+        pool = rest.rsplit("-", 1)[0]
+        return ("prefill" if role == "prefill" else "decode", pool)
+
+    def cards_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for key, replicas in self.live.items():
+            pool = self.pools[key]
+            profile = accelerator_profile(pool)
+            out[profile] = out.get(profile, 0) + len(replicas) * pool.accelerator.per_replica
+        for replica in self.draining:
+            pool = self.pools[self._key_of(replica.name)]
+            profile = accelerator_profile(pool)
+            out[profile] = out.get(profile, 0) + pool.accelerator.per_replica
+        return out
+
+    def observation(self, engine: PDEngine, signals: Mapping[Role, Any]) -> Observation:
+        pools = {}
+        for key, live in self.live.items():
+            ready = sum(1 for r in live if engine.instance(r.name).state is State.READY)
+            pools[key] = PoolObservation(
+                replicas=len(live) + self.pending[key],
+                ready=ready,
+                unschedulable=self.pending[key],
+                scheduled=len(live),
+            )
+        return Observation(signals=signals, pools=pools, capacity=self.capacity())
