@@ -206,6 +206,18 @@ PASSTHROUGH: dict[str, list[Any]] = {
         # Valid on its own; with the operator's allowPrivilegeEscalation: false it is not.
         {"privileged": True},
     ],
+    # A pool's template patch: valid core/v1 pod-template changes the models accept too.
+    "patch": [
+        {},
+        {"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}}},
+        {
+            "spec": {
+                "containers": [{"name": "engine", "env": [{"name": "NCCL_IB_HCA", "value": "x"}]}]
+            }
+        },
+        {"spec": {"dnsConfig": {"options": [{"name": "ndots", "value": "2"}]}}},
+        {"spec": {"containers": [{"name": "exporter", "image": "exporter:1"}]}},
+    ],
     "topologySpreadConstraints[]": [
         {
             "maxSkew": 1,

@@ -34,8 +34,11 @@ from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.api.status import PDDeploymentStatus
 from pd_operator.api.types import (
     DNS_LABEL_PATTERN,
+    EXTENDED_RESOURCE_MESSAGE,
+    EXTENDED_RESOURCE_PATTERN,
     QUALIFIED_NAME_PATTERN,
     QUALIFIED_NAME_RULES,
+    RESOURCE_DOMAIN_MESSAGE,
 )
 
 CRD_FILE = f"{GROUP}_{PLURAL}.yaml"
@@ -46,6 +49,7 @@ KEY_MESSAGES = {
     QUALIFIED_NAME_PATTERN: f"keys must be qualified names such as example.com/name: "
     f"{QUALIFIED_NAME_RULES}",
     DNS_LABEL_PATTERN: "keys must be pool names: lowercase DNS labels such as s5000",
+    EXTENDED_RESOURCE_PATTERN: f"keys {EXTENDED_RESOURCE_MESSAGE}; {RESOURCE_DOMAIN_MESSAGE}",
 }
 # Keys of pydantic's JSON schema that a structural schema does not accept.
 DROPPED_KEYS = {"title", "additionalProperties", "patternProperties", "propertyNames", "$defs"}

@@ -133,8 +133,26 @@ class ModelSpec(SpecModel):
     )
 
 
+NIXL_BACKEND_PATTERN = r"^[A-Z][A-Z0-9_]*$"
+NIXL_BACKEND_MESSAGE = (
+    "kvTransfer.nixlBackend applies only to connector NIXL: remove it, or set connector NIXL"
+)
+
+
 class KVTransferSpec(SpecModel):
     """How the KV cache moves from prefill to decode."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.nixlBackend) || self.connector == 'NIXL'",
+                    NIXL_BACKEND_MESSAGE,
+                    ".nixlBackend",
+                )
+            ]
+        }
+    )
 
     connector: KVConnector = Field(
         "Mooncake", description="KV-transfer connector: Mooncake, NIXL, or None."
@@ -143,6 +161,20 @@ class KVTransferSpec(SpecModel):
     cache_dtype: CacheDtype = Field(
         "Auto", description="KV-cache element type: FP8, BF16, or Auto (the engine's default)."
     )
+    nixl_backend: (
+        Annotated[StrictStr, Field(min_length=1, max_length=32, pattern=NIXL_BACKEND_PATTERN)]
+        | None
+    ) = Field(
+        None,
+        description="NIXL transport plugin, e.g. LIBFABRIC (AWS EFA); NIXL's default, UCX, when "
+        "absent. Connector NIXL only.",
+    )
+
+    @model_validator(mode="after")
+    def _nixl_backend_for_nixl(self) -> "KVTransferSpec":
+        if self.nixl_backend is not None and self.connector != "NIXL":
+            raise ValueError(NIXL_BACKEND_MESSAGE)
+        return self
 
 
 class LatencyTarget(SpecModel):
@@ -249,8 +281,31 @@ class Toleration(SpecModel):
         return seconds
 
 
+DeviceCount = Annotated[int, Field(ge=1, le=256), WHOLE_NUMBER]
+# An RDMA device as ibv_devices lists it (mlx5_0, ionic_3, rocep1s0f0).
+RdmaDevice = Annotated[
+    StrictStr, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
+]
+DEVICE_IS_CARD_MESSAGE = (
+    "accelerator.devices must not name accelerator.resourceName: set the cards per replica "
+    "with perReplica"
+)
+
+
 class AcceleratorSpec(SpecModel):
     """Where a pool's replicas run and which accelerator resource each one takes."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.devices) || !(self.resourceName in self.devices)",
+                    DEVICE_IS_CARD_MESSAGE,
+                    ".devices",
+                )
+            ]
+        }
+    )
 
     resource_name: ResourceName = Field(
         description="Extended resource of the accelerator, e.g. mthreads.com/gpu or nvidia.com/gpu."
@@ -272,6 +327,25 @@ class AcceleratorSpec(SpecModel):
             "(condition ProfilesKnown=False and an UnknownProfile event say so).",
         )
     )
+    devices: Annotated[dict[ResourceName, DeviceCount], Field(max_length=8)] = Field(
+        default_factory=dict,
+        description="Other extended resources each replica takes on its node, by name, e.g. "
+        "rdma/hca_shared_devices_a: 1 for an RDMA HCA: requested and limited in the engine "
+        "container, and counted as the cards are when the operator looks for room.",
+    )
+    rdma_devices: Annotated[list[RdmaDevice], Field(max_length=16)] = Field(
+        default_factory=list,
+        description="RDMA devices of the pool's nodes that the KV transfer uses, e.g. mlx5_0 "
+        "(Mooncake's device_name, SGLang's --disaggregation-ib-device; NIXL: UCX_NET_DEVICES, "
+        "port 1 of each); every device the engine finds when empty.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+    @model_validator(mode="after")
+    def _devices_are_not_the_cards(self) -> "AcceleratorSpec":
+        if self.resource_name in self.devices:
+            raise ValueError(DEVICE_IS_CARD_MESSAGE)
+        return self
 
 
 class ReplicaBounds(SpecModel):
@@ -451,6 +525,109 @@ class PodTemplateOverrides(SpecModel):
         return names
 
 
+# The engine container's name, which a template patch addresses it by.
+ENGINE_CONTAINER = "engine"
+# Labels under this prefix select the pool's pods (the Deployment, the Services, the routers).
+OWNED_LABEL_PREFIX = "pdoperator.io/"
+_PATCH_DIRECTIVES_MESSAGE = (
+    "patch directives ($patch, $retainKeys, ...) are not supported: write the fields' new "
+    "values, or null to remove one"
+)
+
+
+def _directive(value: Any) -> str | None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and key.startswith("$"):
+                return key
+            found = _directive(item)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for item in value:
+            found = _directive(item)
+            if found:
+                return found
+    return None
+
+
+def _engine_patch_problem(engine: dict[str, Any], owned_resources: tuple[str, ...]) -> str | None:
+    where = f"template.patch.spec.containers[{ENGINE_CONTAINER}]"
+    for field in ("command", "args"):
+        if field in engine:
+            return (
+                f"{where}.{field} cannot be patched: the operator builds the engine's command "
+                "line; add arguments with spec.model.args"
+            )
+    if "resources" not in engine:
+        return None
+    resources = engine["resources"]
+    if not isinstance(resources, dict) or any(
+        resources.get(kind, {}) is None for kind in ("requests", "limits")
+    ):
+        return (
+            f"{where}.resources cannot be removed: it carries the accelerator; change CPU and "
+            "memory with template.resources"
+        )
+    for kind in ("requests", "limits"):
+        amounts = resources.get(kind) or {}
+        taken = sorted(name for name in owned_resources if name in amounts)
+        if taken:
+            return (
+                f"{where}.resources.{kind}.{taken[0]} cannot be patched: set "
+                "accelerator.perReplica for the cards and accelerator.devices for other devices"
+            )
+    return None
+
+
+def pod_template_patch_problem(
+    patch: dict[str, Any], owned_resources: tuple[str, ...]
+) -> str | None:
+    """Why a pool's template patch cannot be applied (None: it can): a patch must not break what
+    the operator relies on (the selector labels, the engine's command line, its accelerator
+    resources, the container itself). `owned_resources`: the pool's accelerator resources."""
+    directive = _directive(patch)
+    if directive:
+        return f"template.patch: {directive}: {_PATCH_DIRECTIVES_MESSAGE}"
+    unknown = sorted(set(patch) - {"metadata", "spec"})
+    if unknown:
+        return (
+            f"template.patch.{unknown[0]}: a patch of the pod template has only metadata and spec"
+        )
+    metadata = patch.get("metadata", {})
+    if not isinstance(metadata, dict) or set(metadata) - {"labels", "annotations"}:
+        return "template.patch.metadata: only labels and annotations of the pods can be patched"
+    labels = metadata.get("labels", {})
+    if not isinstance(labels, dict):
+        return "template.patch.metadata.labels cannot be removed: some select the pool's pods"
+    owned = sorted(key for key in labels if str(key).startswith(OWNED_LABEL_PREFIX))
+    if owned:
+        return (
+            f"template.patch.metadata.labels.{owned[0]} cannot be patched: {OWNED_LABEL_PREFIX} "
+            "labels select the pool's pods"
+        )
+    spec = patch.get("spec", {})
+    if not isinstance(spec, dict):
+        return "template.patch.spec must be an object (a core/v1 PodSpec patch)"
+    if "hostNetwork" in spec:
+        return (
+            "template.patch.spec.hostNetwork cannot be patched: set template.hostNetwork, which "
+            "also sets the dnsPolicy host-network pods need"
+        )
+    containers = spec.get("containers", [])
+    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+        return (
+            "template.patch.spec.containers must be a list of containers, each merged by name "
+            f"(the engine is {ENGINE_CONTAINER!r})"
+        )
+    for container in containers:
+        if container.get("name") == ENGINE_CONTAINER:
+            problem = _engine_patch_problem(container, owned_resources)
+            if problem:
+                return problem
+    return None
+
+
 # Tensor-parallel engines pass activations between their ranks through /dev/shm (NCCL, vLLM's
 # shared-memory broadcast): a few GiB at 8 ranks. A bound keeps a runaway from taking the node's
 # memory, which a memory-backed emptyDir would otherwise be allowed up to.
@@ -470,6 +647,34 @@ class PoolTemplateOverrides(PodTemplateOverrides):
         description="Mount the ServiceAccount's API token into the engine pods; engines never "
         "call the Kubernetes API, so it is left out unless set true.",
     )
+    host_network: StrictBool = Field(
+        False,
+        description="Run the pods in their node's network namespace (with dnsPolicy "
+        "ClusterFirstWithHostNet), for RDMA NICs the pod network cannot reach. Needs Pod "
+        "Security privileged; two engines on one node collide on their ports.",
+    )
+    ipc_lock: StrictBool = Field(
+        False,
+        description="Add the IPC_LOCK capability to the engine container, which RDMA memory "
+        "registration needs under a low memlock limit; every other capability stays dropped. "
+        "Needs Pod Security privileged.",
+    )
+    patch: Passthrough | None = Field(
+        None,
+        description="A strategic-merge patch of the pod template (metadata and spec) for what "
+        "the API does not name: containers, volumes and env merge by name, objects key by key, "
+        "other lists are replaced, null removes. The engine container is `engine`; its command, "
+        "args and accelerator resources, and pdoperator.io labels, cannot be patched.",
+    )
+
+    @field_validator("patch")
+    @classmethod
+    def _patch_shape(cls, patch: dict[str, Any] | None) -> dict[str, Any] | None:
+        if patch is not None:
+            problem = pod_template_patch_problem(patch, owned_resources=())
+            if problem:
+                raise ValueError(problem)
+        return patch
 
 
 class PoolSpec(SpecModel):
@@ -482,6 +687,16 @@ class PoolSpec(SpecModel):
         default_factory=ReplicaBounds, json_schema_extra={"default": {"min": 1, "max": 10}}
     )
     template: PoolTemplateOverrides | None = None
+
+    @model_validator(mode="after")
+    def _patch_keeps_the_accelerator(self) -> "PoolSpec":
+        patch = self.template.patch if self.template else None
+        if patch is not None:
+            owned = (self.accelerator.resource_name, *self.accelerator.devices)
+            problem = pod_template_patch_problem(patch, owned_resources=owned)
+            if problem:
+                raise ValueError(problem)
+        return self
 
 
 class RoleSpec(SpecModel):

@@ -1,9 +1,10 @@
 """Free capacity: how many more replicas of a pool fit on the nodes, now.
 
 A replica needs `accelerator.perReplica` cards on ONE node (an engine does not span a node's
-fragments), plus its CPU and memory requests and one pod slot. Free is allocatable minus the
-requests of the pods bound to the node. Only Ready, uncordoned nodes that the pool admits
-(`placement.node_admits`: selector and taints) count.
+fragments), plus its `accelerator.devices` (an RDMA HCA: a node whose HCAs are taken has no room
+for an engine that moves its KV cache over one), its CPU and memory requests and one pod slot.
+Free is allocatable minus the requests of the pods bound to the node. Only Ready, uncordoned
+nodes that the pool admits (`placement.node_admits`: selector and taints) count.
 
 `FreeCapacity` is a ledger: `take` places replicas on it and returns a new ledger, so pools that
 share nodes are never promised the same cards twice within one decision.
@@ -31,8 +32,10 @@ def _container_request(resources: ContainerResources | None, name: str) -> str |
 
 
 def replica_request(pool: PoolSpec) -> dict[str, Decimal]:
-    """What one replica of the pool asks of a node: cards, CPU and memory, one pod slot."""
+    """What one replica of the pool asks of a node: cards, other devices, CPU and memory, one
+    pod slot."""
     request = {pool.accelerator.resource_name: Decimal(pool.accelerator.per_replica)}
+    request |= {name: Decimal(count) for name, count in pool.accelerator.devices.items()}
     request[PODS] = Decimal(1)
     resources = pool.template.resources if pool.template else None
     for name in ("cpu", "memory"):
@@ -89,9 +92,12 @@ class FreeCapacity:
         Ready, or the free room cannot take its unschedulable pods."""
         if not_ready > 0 and not self.holds_one(pool):
             accelerator = pool.accelerator
+            devices = "".join(
+                f" and {count} {name}" for name, count in sorted(accelerator.devices.items())
+            )
             return (
                 f"no Ready, schedulable node matching its nodeSelector and taints offers "
-                f"{accelerator.per_replica} {accelerator.resource_name} per replica"
+                f"{accelerator.per_replica} {accelerator.resource_name}{devices} per replica"
             )
         room = self.fits(pool) if unschedulable else 0
         if unschedulable > room:

@@ -15,7 +15,13 @@ from typing import Any
 
 from pd_operator.api.document import API_VERSION, KIND, PDDeployment
 from pd_operator.api.pdpool import POOL_KIND
-from pd_operator.api.spec import PodTemplateOverrides, PoolSpec, PoolTemplateOverrides, Role
+from pd_operator.api.spec import (
+    ENGINE_CONTAINER,
+    PodTemplateOverrides,
+    PoolSpec,
+    PoolTemplateOverrides,
+    Role,
+)
 from pd_operator.core.drain import drain_command
 from pd_operator.core.engine_args import (
     HEALTH_PATH,
@@ -27,6 +33,7 @@ from pd_operator.core.engine_args import (
     engine_port,
 )
 from pd_operator.core.naming import deployment_name, pdpool_name, service_name
+from pd_operator.core.strategic_merge import strategic_merge
 
 Manifest = dict[str, Any]
 PoolKey = tuple[Role, str]
@@ -37,7 +44,7 @@ LABEL_ROLE = "pdoperator.io/role"
 LABEL_POOL = "pdoperator.io/pool"
 ENGINE_APP_NAME = "pd-operator-engine"
 MANAGED_BY = "pd-operator"
-CONTAINER_NAME = "engine"
+CONTAINER_NAME = ENGINE_CONTAINER
 PORT_NAME = "http"
 # Service-side only: the engine serves /metrics on its HTTP port, and a Service needs distinct
 # port numbers, so the `metrics` name that a ServiceMonitor selects gets one of its own.
@@ -52,6 +59,8 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
 }
+# Pinning memory for RDMA registration (ibv_reg_mr) past the memlock limit needs this one.
+IPC_LOCK = "IPC_LOCK"
 
 READINESS_PERIOD_SECONDS = 10
 # Loading a large checkpoint onto 8 cards and capturing graphs can take tens of minutes; the
@@ -134,18 +143,28 @@ def merge_over(ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> dic
     return merged
 
 
-def container_security_context(template: PodTemplateOverrides) -> dict[str, Any]:
-    """The container securityContext: ours, with the template's merged over it."""
+def container_security_context(
+    template: PodTemplateOverrides, *, ipc_lock: bool = False
+) -> dict[str, Any]:
+    """The container securityContext: ours, with the template's merged over it; `ipc_lock` adds
+    IPC_LOCK to whatever capabilities that leaves added."""
     ours = dict(CONTAINER_SECURITY_CONTEXT)
     if (template.container_security_context or {}).get("privileged") is True:
         # A privileged container escalates by definition: the apiserver refuses ours beside it.
         ours.pop("allowPrivilegeEscalation", None)
-    return merge_over(ours, template.container_security_context)
+    merged = merge_over(ours, template.container_security_context)
+    if ipc_lock:
+        capabilities = merged.setdefault("capabilities", {})
+        added = list(capabilities.get("add") or [])
+        if IPC_LOCK not in added:
+            capabilities["add"] = [*added, IPC_LOCK]
+    return merged
 
 
 def _resources(pool: PoolSpec, template: PodTemplateOverrides) -> dict[str, Any]:
     # Extended resources cannot be overcommitted: the apiserver requires requests == limits.
     cards = {pool.accelerator.resource_name: str(pool.accelerator.per_replica)}
+    cards |= {name: str(count) for name, count in sorted(pool.accelerator.devices.items())}
     extra = template.resources
     requests = extra.requests.model_dump(exclude_none=True) if extra and extra.requests else {}
     limits = extra.limits.model_dump(exclude_none=True) if extra and extra.limits else {}
@@ -179,13 +198,13 @@ def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str
         # No liveness probe: /health is slow on a loaded engine, and a false restart costs a
         # full model reload, far worse than a wedged replica that readiness already takes out.
         "startupProbe": _probe(STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS),
-        "securityContext": container_security_context(template),
+        "securityContext": container_security_context(template, ipc_lock=template.ipc_lock),
     }
     drain = spec.termination.drain_seconds
     if drain:
         command = drain_command(spec.model.engine, role, drain)
         container["lifecycle"] = {"preStop": {"exec": {"command": command}}}
-    env = merge_by("name", engine_env(spec), user_env)
+    env = merge_by("name", engine_env(spec, pool), user_env)
     if env:
         container["env"] = env
     mounts = merge_by("mountPath", shm_mount, template.volume_mounts)
@@ -239,8 +258,14 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
             toleration.model_dump(by_alias=True, exclude_none=True)
             for toleration in pool.accelerator.tolerations
         ]
+    if template.host_network:
+        pod["hostNetwork"] = True
+        # Else the pod resolves names with the node's resolv.conf, and no Service name resolves.
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     pod.update(template_pod_fields(template, selector_labels(pdd.metadata.name, role, pool.name)))
-    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+    built = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+    # Last, over everything above; the API refuses a patch of what the operator relies on.
+    return strategic_merge(built, template.patch) if template.patch else built
 
 
 def template_pod_fields(template: PodTemplateOverrides, own: Mapping[str, str]) -> dict[str, Any]:

@@ -16,6 +16,18 @@ Choices, and why:
   UCX's own choice.
 * Connector None runs each pool as a self-contained engine (no KV hand-off): SGLang then gets no
   `--disaggregation-mode`, which would need a transfer backend.
+* RDMA devices (`accelerator.rdmaDevices`, per pool: node types name their HCAs differently) go
+  to Mooncake as vLLM's `kv_connector_extra_config.device_name`, a comma-separated whitelist
+  (vLLM docs/features/mooncake_connector_usage.md), and SGLang's `--disaggregation-ib-device`, a
+  comma-separated list (SGLang's PD disaggregation guide); to NIXL through UCX as
+  `UCX_NET_DEVICES=<device>:1` (vLLM docs/features/nixl_connector_usage.md), port 1 being the
+  only port of the usual one-port HCA. Only with protocol RDMA: over TCP they name nothing used.
+* No Mooncake master or metadata server: both engines' PD connectors hand off peer to peer,
+  through the bootstrap server of the prefill side (vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT, SGLang's
+  --disaggregation-bootstrap-port); a master belongs to Mooncake Store, a KV cache store these
+  pools do not use.
+* NIXL's plugin (`kvTransfer.nixlBackend`) is vLLM's `kv_connector_extra_config.backends` and
+  SGLang's `SGLANG_DISAGGREGATION_NIXL_BACKEND` (sglang/srt/environ.py; UCX when unset).
 """
 
 import json
@@ -44,8 +56,18 @@ def engine_port(engine: Engine) -> int:
     return _PORTS[engine]
 
 
-def vllm_kv_transfer_config(spec: PDDeploymentSpec, role: Role) -> dict[str, Any] | None:
-    """vLLM's `--kv-transfer-config` for a role; None when no connector is configured."""
+def rdma_devices(spec: PDDeploymentSpec, pool: PoolSpec | None) -> list[str]:
+    """The RDMA devices a pool's KV transfer is told to use; empty: the engine's own pick."""
+    if pool is None or spec.kv_transfer.protocol != "RDMA":
+        return []
+    return list(pool.accelerator.rdma_devices)
+
+
+def vllm_kv_transfer_config(
+    spec: PDDeploymentSpec, role: Role, pool: PoolSpec | None = None
+) -> dict[str, Any] | None:
+    """vLLM's `--kv-transfer-config` for a role (and a pool's devices); None when no connector
+    is configured."""
     kv = spec.kv_transfer
     if kv.connector == "None":
         return None
@@ -53,8 +75,16 @@ def vllm_kv_transfer_config(spec: PDDeploymentSpec, role: Role) -> dict[str, Any
         "kv_connector": _VLLM_CONNECTORS[kv.connector],
         "kv_role": _KV_ROLES[role],
     }
+    extra: dict[str, Any] = {}
     if kv.connector == "Mooncake":
-        config["kv_connector_extra_config"] = {"mooncake_protocol": kv.protocol.lower()}
+        extra["mooncake_protocol"] = kv.protocol.lower()
+        devices = rdma_devices(spec, pool)
+        if devices:
+            extra["device_name"] = ",".join(devices)
+    if kv.connector == "NIXL" and kv.nixl_backend:
+        extra["backends"] = [kv.nixl_backend]
+    if extra:
+        config["kv_connector_extra_config"] = extra
     return config
 
 
@@ -66,7 +96,7 @@ def _vllm_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[st
         argv += ["--max-model-len", str(spec.model.context_length)]
     if spec.kv_transfer.cache_dtype == "FP8":
         argv += ["--kv-cache-dtype", "fp8"]
-    config = vllm_kv_transfer_config(spec, role)
+    config = vllm_kv_transfer_config(spec, role, pool)
     if config is not None:
         # argv goes to exec, not a shell: the JSON needs no quoting.
         argv += ["--kv-transfer-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
@@ -88,6 +118,9 @@ def _sglang_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[
     if connector != "None":
         argv += ["--disaggregation-mode", role]
         argv += ["--disaggregation-transfer-backend", _SGLANG_BACKENDS[connector]]
+        devices = rdma_devices(spec, pool)
+        if connector == "Mooncake" and devices:
+            argv += ["--disaggregation-ib-device", ",".join(devices)]
         if role == "prefill":
             argv += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
     return argv
@@ -102,8 +135,9 @@ def engine_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[s
     return [*argv, *spec.model.args]
 
 
-def engine_env(spec: PDDeploymentSpec) -> list[dict[str, Any]]:
-    """Environment the KV transport needs (core/v1 EnvVar objects), the same for both roles."""
+def engine_env(spec: PDDeploymentSpec, pool: PoolSpec | None = None) -> list[dict[str, Any]]:
+    """Environment the KV transport needs (core/v1 EnvVar objects), the same for both roles;
+    with `pool`, also its RDMA devices."""
     kv = spec.kv_transfer
     env: list[dict[str, Any]] = []
     if kv.connector == "Mooncake" and kv.protocol == "TCP":
@@ -111,6 +145,12 @@ def engine_env(spec: PDDeploymentSpec) -> list[dict[str, Any]]:
     if kv.connector == "NIXL":
         if kv.protocol == "TCP":
             env.append({"name": "UCX_TLS", "value": "^ib"})
+        devices = rdma_devices(spec, pool)
+        if devices and kv.nixl_backend in (None, "UCX"):
+            value = ",".join(f"{device}:1" for device in devices)
+            env.append({"name": "UCX_NET_DEVICES", "value": value})
+        if kv.nixl_backend and spec.model.engine == "SGLang":
+            env.append({"name": "SGLANG_DISAGGREGATION_NIXL_BACKEND", "value": kv.nixl_backend})
         if spec.model.engine == "VLLM":
             # vLLM advertises this host to the other side for the NIXL handshake; its default,
             # localhost, cannot be reached from another pod.
