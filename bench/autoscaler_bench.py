@@ -149,7 +149,7 @@ def main() -> int:
                 wait_for(operator.settled, timeout=300, what="the reconciles to finish")
                 time.sleep(1)
                 wait_for(operator.settled, timeout=300, what="the reconciles to finish")
-                rows.append((wall, cpu, autoscaler.last_report.queries, writes() - before))
+                rows.append((wall, cpu, autoscaler.source.last_report.queries, writes() - before))
         finally:
             operator.stop()
             feed.terminate()

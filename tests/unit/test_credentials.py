@@ -1,6 +1,6 @@
 """Prometheus credentials from Secrets and files (adapters/credentials.py), and how the
-autoscaler builds its readers from them. Fakes stand in for the apiserver's Secret GET and for
-the Prometheus reader only."""
+autoscaler's metrics source (adapters/metrics_source.py) builds its readers from them. Fakes
+stand in for the apiserver's Secret GET and for the Prometheus reader only."""
 
 import copy
 import stat
@@ -14,12 +14,12 @@ from pd_operator.adapters.credentials import (
     Credentials,
     CredentialsError,
     FileCredentials,
-    PrometheusReaders,
     SecretCache,
     SecretReadError,
     secret_credentials,
     spec_url_problem,
 )
+from pd_operator.adapters.metrics_source import PrometheusReaders
 from pd_operator.adapters.prometheus import ReadReport
 from pd_operator.api.spec import SecretKeyRef
 from pd_operator.core.signals import NO_TRAFFIC, RoleSignals
@@ -247,7 +247,7 @@ class World:
         )
 
     def close(self) -> None:
-        self.autoscaler.readers.close()
+        self.autoscaler.source.close()
 
     def add(self, body: dict) -> None:
         self.cache.put_pdd(body)
@@ -371,7 +371,7 @@ def test_replaced_credentials_and_deleted_objects_drop_their_reader_and_ca_file(
     clock.now += 61
     world.autoscaler.cycle()
     assert not Path(world.built[1].ca_path).exists()
-    assert world.autoscaler.readers.ca_paths() == []
+    assert world.autoscaler.source.readers.ca_paths() == []
 
 
 @pytest.mark.parametrize(

@@ -8,40 +8,24 @@ object and a rotated Secret is picked up within the TTL. Every problem becomes a
 `CredentialsError` whose message names the field and the fix; the autoscaler turns it into
 *unavailable* metrics for that object (hold, never scale down).
 
-`PrometheusReaders` keeps one reader per (url, token, CA), so that two PDDeployments with
-different credentials for the same URL never share a connection, and writes each CA to a
-private temporary file for `requests`, removed when no object uses that reader any more. It
-reads all of them at once within a deadline, so that a slow or hung Prometheus holds back only
-the objects that read from it.
+The readers built with these credentials, and which object reads through which, are
+`adapters/metrics_source.py`'s.
 """
 
 import base64
-import contextlib
 import ipaddress
-import os
-import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from pd_operator.adapters.prometheus import (
-    PrometheusReader,
-    ReadReport,
-    RoleKey,
-    SignalTarget,
-    all_signals,
-)
 from pd_operator.api.spec import SecretKeyRef
-from pd_operator.core.signals import RoleSignals, unavailable
 
 # A Secret a PDDeployment may name must say so: a user who may create PDDeployments must not
 # make the operator read any Secret of the namespace and send it to a URL of their choice.
@@ -54,9 +38,6 @@ SECRET_READ_TIMEOUT_SECONDS = 5
 TOKEN_FIELD = "spec.scaling.prometheus.bearerTokenSecretRef"
 CA_FIELD = "spec.scaling.prometheus.caSecretRef"
 PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
-# Prometheus servers read at once. A hung one holds one thread until its queries time out (it is
-# not read again before), so only more hung servers than this would delay the healthy ones.
-READ_THREADS = 16
 
 
 class CredentialsError(Exception):
@@ -301,121 +282,3 @@ def _read_file(path: str, flag: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as error:
         raise CredentialsError(f"{flag}: cannot read {path}: {error.strerror}") from None
-
-
-class ReaderFactory(Protocol):
-    """Builds a reader (PrometheusReader's signature; tests pass a fake)."""
-
-    def __call__(
-        self, url: str, *, bearer_token: str | None = None, ca_path: str | None = None
-    ) -> PrometheusReader: ...
-
-
-ReaderKey = tuple[str, Credentials]
-Read = tuple[dict[RoleKey, RoleSignals], ReadReport]
-
-
-class PrometheusReaders:
-    """One reader per (url, credentials); each CA lives in a private temporary file."""
-
-    def __init__(self, factory: ReaderFactory = PrometheusReader) -> None:
-        self._factory = factory
-        self._readers: dict[ReaderKey, tuple[PrometheusReader, str | None]] = {}
-        self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="prometheus-read")
-        self._running: dict[ReaderKey, Future[Read]] = {}
-
-    def get(self, url: str, credentials: Credentials = NO_CREDENTIALS) -> PrometheusReader:
-        """The reader for this URL with these credentials, built on first use."""
-        key = (url, credentials)
-        if key not in self._readers:
-            ca_path = _private_file(credentials.ca_pem) if credentials.ca_pem else None
-            try:
-                reader = self._factory(url, bearer_token=credentials.bearer_token, ca_path=ca_path)
-            except BaseException:
-                _remove(ca_path)
-                raise
-            self._readers[key] = (reader, ca_path)
-        return self._readers[key][0]
-
-    def read(
-        self,
-        groups: Mapping[ReaderKey, Sequence[SignalTarget]],
-        now: float,
-        deadline_seconds: float,
-    ) -> Iterator[tuple[ReaderKey, dict[RoleKey, RoleSignals], ReadReport]]:
-        """Every group's signals from its Prometheus, all read at once, each yielded as its read
-        ends. A server that does not answer within the deadline, or is still busy with a read
-        of an earlier cycle (which is never started again meanwhile, so a hung server holds one
-        thread, not one more per cycle), gives unavailable signals; its late answer is dropped.
-        """
-        started: dict[Future[Read], ReaderKey] = {}
-        busy: list[ReaderKey] = []
-        for key, targets in groups.items():
-            running = self._running.get(key)
-            if running is not None and not running.done():
-                busy.append(key)
-                continue
-            future = self._pool.submit(self.get(*key).read, targets, now)
-            self._running[key], started[future] = future, key
-        ends = time.monotonic() + deadline_seconds
-        pending = set(started)
-        while pending:
-            done, pending = wait(
-                pending, max(0.0, ends - time.monotonic()), return_when=FIRST_COMPLETED
-            )
-            if not done:
-                break
-            for future in done:
-                key = started[future]
-                yield key, *_outcome(future, key[0], groups[key], now)
-        for key in [*busy, *(started[future] for future in pending)]:
-            reason = f"Prometheus at {key[0]} did not answer within {deadline_seconds:g} s"
-            missing = all_signals(groups[key], now, unavailable(reason))
-            yield key, missing, ReadReport(errors=[reason])
-
-    def retain(self, keys: Iterable[ReaderKey]) -> None:
-        """Drop every reader not in `keys` (credentials replaced, objects gone) and its CA file."""
-        wanted = set(keys)
-        for key in [k for k in self._readers if k not in wanted]:
-            reader, ca_path = self._readers.pop(key)
-            close = getattr(reader, "close", None)  # test doubles may have none
-            if close:
-                close()
-            _remove(ca_path)
-        self._running = {
-            key: future
-            for key, future in self._running.items()
-            if key in wanted or not future.done()
-        }
-
-    def close(self) -> None:
-        """Drop every reader and CA file, and stop reading."""
-        self.retain(())
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def ca_paths(self) -> list[str]:
-        """The CA files in use (for tests and diagnostics)."""
-        return [path for _, path in self._readers.values() if path]
-
-
-def _outcome(future: Future[Read], url: str, targets: Sequence[SignalTarget], now: float) -> Read:
-    """A finished read, or unavailable signals when it raised (e.g. its reader was closed)."""
-    try:
-        return future.result()
-    except Exception as error:  # one server's failure must not stop the others' decisions
-        reason = f"Prometheus at {url} unavailable: {error}"
-        return all_signals(targets, now, unavailable(reason)), ReadReport(errors=[reason])
-
-
-def _private_file(content: bytes) -> str:
-    # mkstemp creates the file 0600, readable by the operator only.
-    descriptor, path = tempfile.mkstemp(prefix="pd-operator-prometheus-ca-", suffix=".pem")
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(content)
-    return path
-
-
-def _remove(path: str | None) -> None:
-    if path:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)

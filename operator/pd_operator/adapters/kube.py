@@ -1,4 +1,5 @@
-"""Kubernetes writes: server-side apply of whole manifests, deletes, status patches, events.
+"""Kubernetes writes: server-side apply of whole manifests, deletes, status patches, events;
+and the one list per kind that primes the cache before the watches take over.
 
 Every write goes through `KubeWriter`, which counts it (`pd_operator_api_writes_total`), so
 tests and benchmarks can prove that a converged object costs zero writes.
@@ -6,6 +7,7 @@ tests and benchmarks can prove that a converged object costs zero writes.
 
 import datetime
 import json
+import logging
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +21,9 @@ from pd_operator.adapters import metrics
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.api.document import yaml_problem
 from pd_operator.api.pdpool import POOL_KIND, POOL_PLURAL
+from pd_operator.core.children import MANAGED_BY
+
+logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "pd-operator"
 
@@ -112,6 +117,83 @@ def call_json(
         raise ApiException.from_response(http_resp=response, body=data.decode(), data=None)
     result: dict[str, Any] = json.loads(data) if data else {}
     return result
+
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+# The kinds of children: (API group, version, plural), watched and listed by our label only.
+CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("autoscaling", "v2", "horizontalpodautoscalers"),
+    (GROUP, VERSION, POOL_PLURAL),
+)
+# Children whose CRD may be missing (installed before this operator's version): not listed
+# while priming; kopf's watch starts once the CRD is served.
+OPTIONAL_CHILD_RESOURCES = frozenset({(GROUP, VERSION, POOL_PLURAL)})
+# One namespace's (or the cluster's) children of every kind, then its pods.
+Listing = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+# A list refused while priming: the RBAC applied is older (or narrower) than this operator.
+RBAC_FIX = (
+    "apply the RBAC of this operator's version: `helm upgrade` of its chart, or "
+    "`kubectl apply -k config/default` (docs/install.md, 'What the operator may do')"
+)
+
+
+def list_cluster(
+    api_client: client.ApiClient, namespaces: list[str], *, other_pods: bool
+) -> tuple[list[Listing], list[dict[str, Any]]]:
+    """Our children and the pods (other workloads' too with `other_pods`), per namespace (or
+    once cluster-wide when none is given), and the nodes: what the cache is primed with.
+
+    PermissionError names the list the operator's RBAC refused and the fix."""
+    pod_selector = "" if other_pods else MANAGED_SELECTOR
+    try:
+        listings: list[Listing] = []
+        for namespace in namespaces or [""]:
+            children = [
+                child
+                for resource in CHILD_RESOURCES
+                for child in _list_children(api_client, resource, namespace)
+            ]
+            pods = _list(api_client, "v1", "pods", namespace, pod_selector)
+            listings.append((children, pods))
+        return listings, _list(api_client, "v1", "nodes", "", "")
+    except ApiException as error:
+        if error.status != 403:
+            raise
+        raise PermissionError(f"{api_message(error)}: {RBAC_FIX}") from None
+
+
+def _list(
+    api_client: client.ApiClient, api_version: str, plural: str, namespace: str, selector: str
+) -> list[dict[str, Any]]:
+    """Every object of a kind (in a namespace, or everywhere), with apiVersion and kind set:
+    items of a list carry neither, and the cache keys on them."""
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+    query = [("labelSelector", selector)] if selector else []
+    listed = call_json(api_client, "GET", path, None, query=query)
+    kind = listed.get("kind", "").removesuffix("List")
+    return [{**item, "apiVersion": api_version, "kind": kind} for item in listed["items"]]
+
+
+def _list_children(
+    api_client: client.ApiClient, resource: tuple[str, str, str], namespace: str
+) -> list[dict[str, Any]]:
+    group, version, plural = resource
+    api_version = f"{group}/{version}" if group else version
+    try:
+        return _list(api_client, api_version, plural, namespace, MANAGED_SELECTOR)
+    except ApiException as error:
+        if error.status != 404 or resource not in OPTIONAL_CHILD_RESOURCES:
+            raise
+        logger.warning("%s.%s is not served: apply the CRDs of this version", plural, group)
+        return []
 
 
 class KubeWriter:

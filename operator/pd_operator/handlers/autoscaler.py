@@ -1,46 +1,34 @@
 """The autoscaler loop: one cycle serves every due PDDeployment with a few grouped queries.
 
-Each cycle reads the SLO signals of all due objects from Prometheus (grouped queries, tri-state
-results; every server at once, its objects decided as soon as it answers, or with unavailable
-metrics once the read deadline passed), the free accelerator capacity from the watched nodes and
-pods, and asks `core.policy.decide` for the replicas of every pool. The reconciler applies the
-decisions (mode Active) and writes what the autoscaler saw and decided into status; the
-autoscaler never writes to the API itself, so status has one writer and nothing fights.
+A cycle takes the PDDeployments whose interval is due (each parsed again only when its spec
+changed), asks the metrics source for their SLO signals (`adapters/metrics_source.py`: grouped
+reads, tri-state results; each Prometheus' objects as soon as it answers, or unavailable once
+the read deadline passed), adds the free accelerator capacity from the watched nodes and pods,
+asks `core.policy.decide` for the replicas of every pool, keeps the outcome in the object's
+record, exports it (`adapters/exporter.py`) and hands the objects with something new to the
+work queue. The reconciler applies the decisions (mode Active) and writes what the autoscaler
+saw and decided into status; the autoscaler never writes to the API itself, so status has one
+writer and nothing fights.
 """
 
-import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Gauge
-
-from pd_operator.adapters import metrics
+from pd_operator.adapters import exporter
 from pd_operator.adapters.cache import ClusterCache, ObjectKey, Snapshot
-from pd_operator.adapters.credentials import (
-    NO_CREDENTIALS,
-    Credentials,
-    CredentialsError,
-    FileCredentials,
-    PrometheusReaders,
+from pd_operator.adapters.credentials import FileCredentials, SecretCache
+from pd_operator.adapters.metrics_source import (
+    READ_DEADLINE_SECONDS,
+    MetricsSource,
     ReaderFactory,
-    ReaderKey,
-    SecretCache,
-    secret_credentials,
-    spec_url_problem,
 )
-from pd_operator.adapters.prometheus import (
-    NO_SERIES,
-    PrometheusReader,
-    ReadReport,
-    RoleKey,
-    SignalTarget,
-)
+from pd_operator.adapters.prometheus import NO_SERIES, PrometheusReader, RoleKey
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
-from pd_operator.api.spec import PDDeploymentSpec, PrometheusSpec
 from pd_operator.core.capacity import FreeCapacity, free_capacity
 from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.decision import (
@@ -54,7 +42,6 @@ from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, pool_observations
 from pd_operator.core.scaling_view import (
-    ScalingOutcome,
     damp_churn,
     finish_scales,
     policy_memory_json,
@@ -62,22 +49,29 @@ from pd_operator.core.scaling_view import (
     transition_events,
     unreported_scales,
 )
-from pd_operator.core.signals import RoleSignals, unavailable
+from pd_operator.core.signals import RoleSignals
 from pd_operator.core.status import ScalingView
 
 logger = logging.getLogger(__name__)
 
-# A Prometheus that has not answered a cycle's reads within this long gives unavailable metrics
-# for that cycle. Under the 5 s minimum interval less the 1 s tick, so that a hung one never
-# stretches another object's cycle; a healthy one answers the grouped queries for 500 objects
-# in well under a second (docs/benchmarks.md).
-READ_DEADLINE_SECONDS = 3.0
-Due = tuple[ObjectKey, PDDeployment, Snapshot]
+
+@dataclass
+class Tracked:
+    """What the autoscaler keeps for one PDDeployment between cycles."""
+
+    version: tuple[str, int]  # (uid, generation) of the spec parsed
+    pdd: PDDeployment | None  # None: invalid, the reconciler reports it
+    # The rest is forgotten when the object stops being scaled.
+    state: PolicyState | None = None  # the policy's memory after the last decision
+    last_run: float = 0.0
+    decided: DecidedReplicas | None = None  # replicas to apply (Active mode only)
+    view: ScalingView | None = None  # what the reconciler writes into status, and its events
+    # Since when each role's pods have been Ready while its latency query found no series.
+    no_series_since: dict[str, float] = field(default_factory=dict)
+    exported_pools: set[PoolKey] = field(default_factory=set)  # the pools with series exported
 
 
-def _named_secrets(namespace: str, prometheus: PrometheusSpec | None) -> frozenset[tuple[str, str]]:
-    refs = (prometheus.bearer_token_secret_ref, prometheus.ca_secret_ref) if prometheus else ()
-    return frozenset((namespace, ref.name) for ref in refs if ref is not None)
+Due = tuple[Tracked, PDDeployment, Snapshot]
 
 
 def _remembered(key: ObjectKey, snapshot: Snapshot) -> PolicyState:
@@ -150,37 +144,32 @@ class Autoscaler:
     ) -> None:
         self.cache = cache
         self.enqueue = enqueue
-        self.default_prometheus_url = default_prometheus_url
-        self.default_credentials = default_credentials  # for the default URL only
-        self.secrets = secrets  # None: Secrets are not read, a reference makes metrics unavailable
-        self.allow_link_local = allow_link_local  # for URLs from specs
-        self.readers = PrometheusReaders(readers)
+        self.source = MetricsSource(
+            default_prometheus_url=default_prometheus_url,
+            default_credentials=default_credentials,
+            secrets=secrets,
+            allow_link_local=allow_link_local,
+            readers=readers,
+            read_deadline_seconds=read_deadline_seconds,
+        )
         self.clock = clock
-        self.read_deadline_seconds = read_deadline_seconds
+        # Guards what the reconciler reads (the records' `decided` and `view`) and the dict;
+        # everything else is touched by the cycle's thread only.
         self._lock = threading.Lock()
-        self._states: dict[ObjectKey, PolicyState] = {}
-        self._last_run: dict[ObjectKey, float] = {}
-        self._decisions: dict[ObjectKey, Mapping[PoolKey, int]] = {}
-        self._views: dict[ObjectKey, ScalingView] = {}
-        self._parsed: dict[ObjectKey, tuple[tuple[str, int], PDDeployment | None]] = {}
-        self._no_series_since: dict[ObjectKey, dict[str, float]] = {}
-        # The pools each object exports series for, so that a pool's go when it leaves the spec.
-        self._exported_pools: dict[ObjectKey, set[PoolKey]] = {}
-        # What each object reads through and which Secrets it names, so that readers and
-        # cached Secrets nobody uses any more are dropped.
-        self._sources: dict[ObjectKey, tuple[ReaderKey | None, frozenset[tuple[str, str]]]] = {}
-        self.last_report = ReadReport()
+        self._records: dict[ObjectKey, Tracked] = {}
 
     # The reconciler's side: what to apply and what to write into status.
     def decisions_for(self, key: ObjectKey) -> Mapping[PoolKey, int] | None:
         """Replicas to apply for an Active PDDeployment (None: nothing decided yet)."""
         with self._lock:
-            return self._decisions.get(key)
+            record = self._records.get(key)
+            return record.decided if record else None
 
     def view_for(self, key: ObjectKey) -> ScalingView | None:
         """Status fields and events; the events are handed out once."""
         with self._lock:
-            view = self._views.get(key)
+            record = self._records.get(key)
+            view = record.view if record else None
             if view is None:
                 return None
             handed = ScalingView(
@@ -192,86 +181,74 @@ class Autoscaler:
             handed.events, view.events = view.events, []
             return handed
 
-    def _parse(self, key: ObjectKey, body: Mapping[str, Any]) -> PDDeployment | None:
-        """The validated object, parsed again only when its spec changed (a new generation):
-        validation is most of a cycle's CPU when hundreds of objects are due."""
-        meta = body["metadata"]
-        version = (str(meta.get("uid")), int(meta.get("generation") or 0))
-        cached = self._parsed.get(key)
-        if cached is not None and cached[0] == version:
-            return cached[1]
-        try:
-            pdd: PDDeployment | None = parse_pddeployment(dict(body))
-        except InvalidSpecError:
-            pdd = None
-        self._parsed[key] = (version, pdd)
-        return pdd
-
-    def _source(self, namespace: str, pdd: PDDeployment) -> tuple[str | None, Credentials]:
-        """The URL and credentials of an object's Prometheus; raises CredentialsError.
-
-        The operator's own token and CA go to its default URL only, never to a URL from a spec.
-        """
-        prometheus = pdd.spec.scaling.prometheus
-        if prometheus is None:
-            url = self.default_prometheus_url
-            if url is None or self.default_credentials is None:
-                return url, NO_CREDENTIALS
-            return url, self.default_credentials.current()
-        problem = spec_url_problem(prometheus.url, allow_link_local=self.allow_link_local)
-        if problem:
-            raise CredentialsError(problem)
-        token_ref, ca_ref = prometheus.bearer_token_secret_ref, prometheus.ca_secret_ref
-        if token_ref is None and ca_ref is None:
-            return prometheus.url, NO_CREDENTIALS
-        if self.secrets is None:
-            raise CredentialsError(
-                "spec.scaling.prometheus: this operator was started without access to Secrets"
-            )
-        return prometheus.url, secret_credentials(self.secrets, namespace, token_ref, ca_ref)
-
     def cycle(self) -> int:
         """One pass over every due PDDeployment; returns how many were due."""
         began = time.monotonic()
         now = self.clock()
-        due: list[Due] = []
+        due: dict[ObjectKey, Due] = {}
         keys = self.cache.pdd_keys()
-        if len(self._parsed) > len(keys):
+        if len(self._records) > len(keys):
             self._drop_deleted(set(keys))
         for key in keys:
-            body = self.cache.pdd(key)
-            pdd = self._parse(key, body) if body is not None else None
-            if pdd is None:
+            record = self._track(key)
+            if record is None or record.pdd is None:
                 continue  # gone, or invalid: the reconciler reports it
+            pdd = record.pdd
             scaling = pdd.spec.scaling
             if scaling.mode in ("Disabled", "External"):  # External: the reconciler decides
-                self._forget(key)
+                self._forget(key, record)
                 continue
-            if now - self._last_run.get(key, 0.0) < scaling.interval_seconds:
+            if now - record.last_run < scaling.interval_seconds:
                 continue
             # Only a due object's children, pods and nodes are copied: the loop runs every tick.
             snapshot = self.cache.snapshot(key)
             if snapshot is not None:
-                due.append((key, pdd, snapshot))
+                due[key] = (record, pdd, snapshot)
         if not due:
             return 0
         capacity = free_capacity(self.cache.nodes(), self.cache.all_pods())
-        for batch, signals in self._read(due, now):
+        reads = self.source.read(
+            [(key, pdd) for key, (_, pdd, _) in due.items()], now, set(self.cache.pdd_keys())
+        )
+        for batch, signals in reads:
             changed = [
                 key
-                for key, pdd, snapshot in batch
-                if self._decide(key, pdd, snapshot, signals=signals, capacity=capacity, now=now)
+                for key in batch
+                if self._decide(key, *due[key], signals=signals, capacity=capacity, now=now)
             ]
             # Only objects with something new to apply or write; one hand-over per Prometheus,
             # as soon as it answered.
             if changed:
                 self.enqueue(changed)
-        metrics.DECISION_CYCLE_SECONDS.observe(time.monotonic() - began)
+        exporter.observe_cycle(time.monotonic() - began)
         return len(due)
+
+    def _track(self, key: ObjectKey) -> Tracked | None:
+        """The object's record (None: it is gone), its spec parsed again only when it changed
+        (a new generation): validation is most of a cycle's CPU when hundreds are due."""
+        body = self.cache.pdd(key)
+        if body is None:
+            return None
+        meta = body["metadata"]
+        version = (str(meta.get("uid")), int(meta.get("generation") or 0))
+        record = self._records.get(key)
+        if record is not None and record.version == version:
+            return record
+        try:
+            pdd: PDDeployment | None = parse_pddeployment(dict(body))
+        except InvalidSpecError:
+            pdd = None
+        if record is not None:
+            record.version, record.pdd = version, pdd
+            return record
+        with self._lock:
+            record = self._records[key] = Tracked(version, pdd)
+        return record
 
     def _decide(
         self,
         key: ObjectKey,
+        record: Tracked,
         pdd: PDDeployment,
         snapshot: Snapshot,
         *,
@@ -285,77 +262,24 @@ class Autoscaler:
             pools=pool_observations(pdd, snapshot.children, snapshot.pods),
             capacity=capacity,
         )
-        state = self._states.get(key) or _remembered(key, snapshot)
+        state = record.state or _remembered(key, snapshot)
         decision = decide(pdd.spec, observation, state, now)
         if decision is None:
             return False
         return self._record(
-            key, pdd=pdd, snapshot=snapshot, observation=observation, decision=decision, now=now
+            key,
+            record,
+            pdd=pdd,
+            snapshot=snapshot,
+            observation=observation,
+            decision=decision,
+            now=now,
         )
-
-    def _read(
-        self, due: list[Due], now: float
-    ) -> Iterator[tuple[list[Due], dict[RoleKey, RoleSignals]]]:
-        """Grouped reads, one set of queries per Prometheus server and credentials in use, all
-        at once: each server's objects come as soon as it answered (within the read deadline;
-        unavailable after it), the objects without a usable server first."""
-        groups: dict[ReaderKey, list[Due]] = {}
-        targets: dict[ReaderKey, list[SignalTarget]] = {}
-        unread: list[Due] = []
-        signals: dict[RoleKey, RoleSignals] = {}
-        for entry in due:
-            key, pdd, _ = entry
-            spec = pdd.spec
-            seasonal = spec.scaling.seasonal
-            target = SignalTarget(
-                key[0], key[1], spec.model.engine, spec.slo.ttft.percentile,
-                spec.slo.itl.percentile, spec.slo.window_seconds,
-                seasonal=(
-                    (seasonal.period, seasonal.seasons, seasonal.time_zone) if seasonal else None
-                ),
-            )  # fmt: skip
-            named = _named_secrets(key[0], spec.scaling.prometheus)
-            try:
-                url, credentials = self._source(key[0], pdd)
-            except CredentialsError as error:
-                url, problem = None, str(error)
-            else:
-                problem = "no Prometheus URL: set spec.scaling.prometheus.url"
-            if url is None:
-                self._sources[key] = (None, named)
-                missing = unavailable(problem)
-                for role in ROLES:
-                    signals[(key[0], key[1], role)] = RoleSignals(
-                        sample_time=now, ttft_seconds=missing, itl_seconds=missing
-                    )
-                unread.append(entry)
-                continue
-            self._sources[key] = ((url, credentials), named)
-            groups.setdefault((url, credentials), []).append(entry)
-            targets.setdefault((url, credentials), []).append(target)
-        live = set(self.cache.pdd_keys())
-        self._sources = {k: v for k, v in self._sources.items() if k in live}
-        self.readers.retain(k for k, _ in self._sources.values() if k is not None)
-        if self.secrets is not None:
-            self.secrets.retain(name for _, names in self._sources.values() for name in names)
-        if unread:
-            yield unread, signals
-        report = ReadReport()
-        try:
-            for reader_key, read, part in self.readers.read(
-                targets, now, self.read_deadline_seconds
-            ):
-                report.queries += part.queries
-                report.errors += part.errors
-                report.failing_queries |= part.failing_queries
-                yield groups[reader_key], read
-        finally:
-            metrics.PROMETHEUS_QUERIES.inc(report.queries)
-            self.last_report = report
 
     def _record(
         self,
         key: ObjectKey,
+        record: Tracked,
         *,
         pdd: PDDeployment,
         snapshot: Snapshot,
@@ -363,12 +287,13 @@ class Autoscaler:
         decision: Decision,
         now: float,
     ) -> bool:
-        """Keep what the reconciler should write; True when it differs from the last time."""
+        """Keep what the reconciler should write, and export it; True when it differs from the
+        last time."""
         spec = pdd.spec
         active = spec.scaling.mode == "Active"
         previous_status = snapshot.pdd.get("status") or {}
         with self._lock:
-            known = self._views.get(key)
+            known, last = record.view, record.decided
         # Decisions applied by an operator stopped before it wrote status: reported now.
         unreported = unreported_scales(
             _recorded_scales(pdd, snapshot), _reported(previous_status, known)
@@ -378,7 +303,7 @@ class Autoscaler:
             spec,
             observation,
             decision,
-            no_series=self._no_series(key, observation, now),
+            no_series=_no_series(record, observation, now),
             now=now,
             memory=False,  # serialised below, only when status will be written
         )
@@ -394,10 +319,10 @@ class Autoscaler:
             _as_written(previous_status, known), view, decision, observation, advisory=advisory
         )
         before = (known.last_decision if known else None) or previous_status.get("lastDecision")
-        with self._lock:
-            last = self._decisions.get(key)
         _log_decision(key, decision, steps, before, last, advisory=advisory)
-        self._update_metrics(key, spec, outcome, decision, observation)
+        record.exported_pools = exporter.export_decision(
+            key, spec, outcome, decision, observation, exported=record.exported_pools
+        )
         decided: DecidedReplicas | None = None
         if active:
             records = {
@@ -406,100 +331,54 @@ class Autoscaler:
             }
             decided = DecidedReplicas(dict(decision.replicas), records)
         with self._lock:
-            previous = self._views.get(key)
+            previous = record.view
             changed = (
                 previous is None
                 or bool(view.events)
                 or _status_fields(previous) != _status_fields(view)
-                or self._decisions.get(key) != decided
+                or record.decided != decided
             )
-            self._states[key] = decision.state
-            self._last_run[key] = now
+            record.state = decision.state
+            record.last_run = now
             if changed:
                 if previous is not None:  # events not yet handed to the reconciler
                     view.events = previous.events + view.events
                 if view.policy_memory is None:
                     view.policy_memory = policy_memory_json(decision)
-                self._views[key] = view
-            if decided is None:
-                self._decisions.pop(key, None)
-            else:
-                self._decisions[key] = decided
+                record.view = view
+            record.decided = decided
         return changed
 
-    def _update_metrics(
-        self,
-        key: ObjectKey,
-        spec: PDDeploymentSpec,
-        outcome: ScalingOutcome,
-        decision: Decision,
-        observation: Observation,
-    ) -> None:
-        for role, met in zip(ROLES, outcome.slo_met, strict=True):
-            labels = (key[0], key[1], role)
-            _set_or_remove(metrics.SLO_MET, labels, None if met is None else float(met))
-            _set(metrics.METRICS_AVAILABLE, labels, 0 if role in outcome.missing else 1)
-            signals = observation.signals[role]
-            latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
-            _set_or_remove(metrics.OBSERVED_LATENCY, labels, latency.value)
-            target = spec.slo.ttft if role == "prefill" else spec.slo.itl
-            _set(metrics.LATENCY_TARGET, labels, target.target_milliseconds / 1000)
-        _set(metrics.CAPACITY_AVAILABLE, key, 0 if outcome.capacity_short else 1)
-        for pool_key, seen in observation.pools.items():
-            values = (seen.replicas, seen.ready, decision.replicas.get(pool_key, seen.replicas))
-            for state, value in zip(metrics.POOL_STATES, values, strict=True):
-                _set(metrics.POOL_REPLICAS, (*key, *pool_key, state), value)
-        exported = set(observation.pools)
-        with self._lock:
-            gone = self._exported_pools.get(key, set()) - exported
-            self._exported_pools[key] = exported
-        _remove_pools(key, gone)
-        current = sum(p.replicas for p in observation.pools.values())
-        wanted = sum(decision.replicas.values())
-        direction = "up" if wanted > current else "down" if wanted < current else "hold"
-        metrics.DECISIONS.labels(direction=direction, limited_by=decision.limited_by).inc()
-
-    def _no_series(
-        self, key: ObjectKey, observation: Observation, now: float
-    ) -> dict[str, float | None]:
-        """The roles whose latency query found no series, with since when their pods have been
-        Ready without it (None: no pod Ready)."""
-        since = self._no_series_since.setdefault(key, {})
-        found: dict[str, float | None] = {}
-        for role in ROLES:
-            signals = observation.signals[role]
-            latency = signals.ttft_seconds if role == "prefill" else signals.itl_seconds
-            if not (latency.reason or "").startswith(NO_SERIES):
-                since.pop(role, None)
-                continue
-            if any(p.ready for (r, _), p in observation.pools.items() if r == role):
-                found[role] = since.setdefault(role, now)
-            else:
-                since.pop(role, None)
-                found[role] = None
-        return found
-
     def _drop_deleted(self, live: set[ObjectKey]) -> None:
-        """Forget what was kept for objects that no longer exist."""
-        for key in [k for k in self._parsed if k not in live]:
-            self._forget(key)
-            self._parsed.pop(key, None)
-
-    def _forget(self, key: ObjectKey) -> None:
+        """Forget the objects that no longer exist."""
         with self._lock:
-            self._states.pop(key, None)
-            self._last_run.pop(key, None)
-            self._decisions.pop(key, None)
-            self._views.pop(key, None)
-            self._no_series_since.pop(key, None)
-            pools = self._exported_pools.pop(key, set())
-        # A deleted (or no longer scaled) object's series would otherwise keep their last
-        # values, and an alert on them would fire for an object that is not there.
-        _remove_pools(key, pools)
-        for role in ROLES:
-            for gauge in metrics.ROLE_GAUGES:
-                _remove(gauge, (key[0], key[1], role))
-        _remove(metrics.CAPACITY_AVAILABLE, key)
+            gone = {key: self._records.pop(key) for key in list(self._records) if key not in live}
+        for key, record in gone.items():
+            exporter.remove_object(key, record.exported_pools)
+
+    def _forget(self, key: ObjectKey, record: Tracked) -> None:
+        """Forget what was decided for an object no longer scaled (its parsed spec is kept)."""
+        with self._lock:
+            self._records[key] = Tracked(record.version, record.pdd)
+        exporter.remove_object(key, record.exported_pools)
+
+
+def _no_series(record: Tracked, observation: Observation, now: float) -> dict[str, float | None]:
+    """The roles whose latency query found no series, with since when their pods have been
+    Ready without it (None: no pod Ready)."""
+    since = record.no_series_since
+    found: dict[str, float | None] = {}
+    for role in ROLES:
+        latency = observation.signals[role].latency(role)
+        if not (latency.reason or "").startswith(NO_SERIES):
+            since.pop(role, None)
+            continue
+        if any(p.ready for (r, _), p in observation.pools.items() if r == role):
+            found[role] = since.setdefault(role, now)
+        else:
+            since.pop(role, None)
+            found[role] = None
+    return found
 
 
 def _log_decision(
@@ -535,35 +414,3 @@ def _log_decision(
         ", ".join(changes),
         decision.reason,
     )
-
-
-# The series this module exports, by gauge and labels: `Gauge.labels` costs more than the
-# `set` itself, and a cycle sets about 16 series per object. Only `_remove` removes them.
-_SERIES: dict[tuple[Gauge, tuple[str, ...]], Gauge] = {}
-
-
-def _set(gauge: Gauge, labels: tuple[str, ...], value: float) -> None:
-    series = _SERIES.get((gauge, labels))
-    if series is None:
-        series = _SERIES[(gauge, labels)] = gauge.labels(*labels)
-    series.set(value)
-
-
-def _set_or_remove(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
-    """Set a gauge's series, or remove it for an unknown value (absent, not 0)."""
-    if value is None:
-        _remove(gauge, labels)
-    else:
-        _set(gauge, labels, value)
-
-
-def _remove(gauge: Gauge, labels: tuple[str, ...]) -> None:
-    _SERIES.pop((gauge, labels), None)
-    with contextlib.suppress(KeyError):  # never exported
-        gauge.remove(*labels)
-
-
-def _remove_pools(key: ObjectKey, pools: set[PoolKey]) -> None:
-    for pool_key in pools:
-        for state in metrics.POOL_STATES:
-            _remove(metrics.POOL_REPLICAS, (*key, *pool_key, state))

@@ -29,10 +29,16 @@ from pd_operator.adapters.credentials import (
     SecretCache,
     kube_secret_fetch,
 )
-from pd_operator.adapters.kube import KubeWriter, api_message, call_json
+from pd_operator.adapters.kube import (
+    CHILD_RESOURCES,
+    MANAGED_BY_LABEL,
+    MANAGED_SELECTOR,
+    KubeWriter,
+    api_message,
+    list_cluster,
+)
 from pd_operator.adapters.lease import LeaderLease, LeaseTiming
 from pd_operator.api import GROUP, PLURAL, VERSION
-from pd_operator.api.pdpool import POOL_PLURAL
 from pd_operator.core.children import MANAGED_BY
 from pd_operator.handlers.autoscaler import Autoscaler
 from pd_operator.handlers.reconciler import DecisionSource, Reconciler
@@ -40,30 +46,7 @@ from pd_operator.handlers.workqueue import WorkQueue
 
 logger = logging.getLogger(__name__)
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-# The kinds of children: (API group, version, plural), watched by our label only.
-CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("", "v1", "serviceaccounts"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("autoscaling", "v2", "horizontalpodautoscalers"),
-    (GROUP, VERSION, POOL_PLURAL),
-)
-# Children whose CRD may be missing (installed before this operator's version): not listed
-# while priming; kopf's watch starts once the CRD is served.
-OPTIONAL_CHILD_RESOURCES = frozenset({(GROUP, VERSION, POOL_PLURAL)})
 MAX_BACKOFF_SECONDS = 60.0
-# One namespace's (or the cluster's) children of every kind, then its pods.
-Listing = tuple[list[dict[str, Any]], list[dict[str, Any]]]
-# A list refused while priming: the RBAC applied is older (or narrower) than this operator.
-RBAC_FIX = (
-    "apply the RBAC of this operator's version: `helm upgrade` of its chart, or "
-    "`kubectl apply -k config/default` (docs/install.md, 'What the operator may do')"
-)
 
 
 def retry_delay(failures: int) -> float:
@@ -158,12 +141,9 @@ class OperatorState:
         namespace when namespaces are given (a namespaced install has no cluster-wide list).
 
         PermissionError names the list the operator's RBAC refused and the fix."""
-        try:
-            listings, nodes = self._list_once()
-        except ApiException as error:
-            if error.status != 403:
-                raise
-            raise PermissionError(f"{api_message(error)}: {RBAC_FIX}") from None
+        listings, nodes = list_cluster(
+            self.api_client, self.config.namespaces, other_pods=self.config.count_other_pods
+        )
         for children, pods in listings:
             for child in children:
                 self.cache.put_child(child)
@@ -171,41 +151,6 @@ class OperatorState:
                 self.put_any_pod(pod)
         for node in nodes:
             self.cache.put_node(node)
-
-    def _list(self, api_version: str, plural: str, namespace: str, selector: str) -> list[Any]:
-        """Every object of a kind (in a namespace, or everywhere), with apiVersion and kind set:
-        items of a list carry neither, and the cache keys on them."""
-        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-        path = f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
-        query = [("labelSelector", selector)] if selector else []
-        listed = call_json(self.api_client, "GET", path, None, query=query)
-        kind = listed.get("kind", "").removesuffix("List")
-        return [{**item, "apiVersion": api_version, "kind": kind} for item in listed["items"]]
-
-    def _list_once(self) -> tuple[list[Listing], list[Any]]:
-        """Our children and the pods, per watched namespace (or once cluster-wide), and nodes."""
-        pod_selector = "" if self.config.count_other_pods else MANAGED_SELECTOR
-        listings: list[Listing] = []
-        for namespace in self.config.namespaces or [""]:
-            children = [
-                child
-                for resource in CHILD_RESOURCES
-                for child in self._list_children(resource, namespace)
-            ]
-            listings.append((children, self._list("v1", "pods", namespace, pod_selector)))
-        return listings, self._list("v1", "nodes", "", "")
-
-    def _list_children(self, resource: tuple[str, str, str], namespace: str) -> list[Any]:
-        group, version, plural = resource
-        try:
-            return self._list(
-                f"{group}/{version}" if group else version, plural, namespace, MANAGED_SELECTOR
-            )
-        except ApiException as error:
-            if error.status != 404 or resource not in OPTIONAL_CHILD_RESOURCES:
-                raise
-            logger.warning("%s.%s is not served: apply the CRDs of this version", plural, group)
-            return []
 
     def put_any_pod(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
         """A pod of ours into its PDDeployment's view (returns its key); any other pod into
@@ -307,7 +252,7 @@ class OperatorState:
             self.leading = False
             metrics.LEADER.set(0)
             await asyncio.to_thread(self.lease.release)
-        self.autoscaler.readers.close()  # removes the CA files written for Prometheus
+        self.autoscaler.source.close()  # removes the CA files written for Prometheus
 
 
 def _event_parts(event: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
