@@ -17,7 +17,7 @@ from pd_operator.core.engine_args import engine_command, engine_env
 from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.scheduling import NodeFacts, milli, pod_demand, schedule
 from pd_operator.core.strategic_merge import strategic_merge
-from pdcases import minimal
+from pdcases import ROOT, load_sample, minimal
 
 GPU = "nvidia.com/gpu"
 HCA = "rdma/hca_shared_devices_a"
@@ -374,3 +374,11 @@ def test_the_pools_env_carries_the_devices():
     deployment = pdd(DEVICES, kvTransfer={"connector": "NIXL"})
     env = {var["name"]: var.get("value") for var in containers(deployment)["engine"]["env"]}
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+
+
+def test_an_rdma_device_listed_twice_is_refused_as_the_apiserver_refuses_it():
+    # The fuzz test found the models accepting what the CRD's list-type set refuses.
+    body = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+    body["spec"]["prefill"]["pools"][0]["accelerator"]["rdmaDevices"] = ["mlx5_0", "mlx5_0"]
+    with pytest.raises(ValueError, match="duplicate rdmaDevices name"):
+        parse_pddeployment(body)

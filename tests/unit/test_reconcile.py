@@ -15,6 +15,7 @@ from pd_operator.core.reconcile import (
     ANNOTATION_SPEC_HASH,
     is_subset,
     plan_children,
+    unplaceable,
 )
 from pd_operator.core.status import compute_status, invalid_spec_status
 from pdcases import ROOT, load_sample
@@ -450,3 +451,38 @@ def test_a_profile_name_that_matches_no_profile_is_a_condition_and_one_event():
         now=NOW,
     )
     assert again == []
+
+
+def test_a_pool_whose_devices_no_node_with_its_cards_offers_is_unplaceable():
+    body = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+    body["metadata"].update(namespace="ns", uid="uid-1", generation=1)
+    accelerator = body["spec"]["decode"]["pools"][0]["accelerator"]
+    accelerator["devices"] = {"rdma/hca": 2}
+    gpu = {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    with_gpus = node("g1", gpu, "8")
+    with_hca = summarize_node(
+        {
+            "metadata": {"name": "r1", "labels": {}},
+            "spec": {},
+            "status": {
+                "allocatable": {"rdma/hca": "4"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+    # Nothing advertises the HCA: nothing can be judged (its nodes may be added on demand).
+    assert unplaceable(parse_pddeployment(body).spec.decode.pools[0], [with_gpus]) is None
+    # Some node has HCAs, but none with the cards: no node can hold a replica.
+    why = unplaceable(parse_pddeployment(body).spec.decode.pools[0], [with_gpus, with_hca])
+    assert why is not None and "and 2 rdma/hca per replica" in why
+    both = summarize_node(
+        {
+            "metadata": {"name": "g2", "labels": gpu},
+            "spec": {},
+            "status": {
+                "allocatable": {"nvidia.com/gpu": "8", "rdma/hca": "2"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+    assert unplaceable(parse_pddeployment(body).spec.decode.pools[0], [with_gpus, both]) is None

@@ -341,6 +341,12 @@ class AcceleratorSpec(SpecModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
+    @field_validator("rdma_devices")
+    @classmethod
+    def _unique_rdma_devices(cls, names: list[str]) -> list[str]:
+        _check_unique(names, "rdmaDevices name")  # a list-type set: the apiserver refuses them too
+        return names
+
     @model_validator(mode="after")
     def _devices_are_not_the_cards(self) -> "AcceleratorSpec":
         if self.resource_name in self.devices:

@@ -180,13 +180,27 @@ def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
         return None
     admitting = [node for node in nodes if node_admits(pool, node)]
     largest = max((allocatable(node, resource) for node in admitting), default=0)
-    if largest >= needed:
-        return None
     selector = ", ".join(f"{k}={v}" for k, v in pool.accelerator.node_selector.items()) or "any"
-    return (
-        f"no node matching nodeSelector {{{selector}}} (and tolerating its taints) offers "
-        f"{needed} {resource} per replica; the largest such node has {largest}"
-    )
+    where = f"no node matching nodeSelector {{{selector}}} (and tolerating its taints)"
+    if largest < needed:
+        return (
+            f"{where} offers {needed} {resource} per replica; the largest such node has {largest}"
+        )
+    # Other devices (an RDMA HCA) on the same node, each judged like the cards: only once some
+    # node advertises it at all.
+    devices = {
+        name: count
+        for name, count in pool.accelerator.devices.items()
+        if any(allocatable(node, name) > 0 for node in nodes)
+    }
+    if any(
+        allocatable(node, resource) >= needed
+        and all(allocatable(node, name) >= count for name, count in devices.items())
+        for node in admitting
+    ):
+        return None
+    wanted = ", ".join(f"{count} {name}" for name, count in devices.items())
+    return f"{where} offers {needed} {resource} and {wanted} per replica"
 
 
 def _last_scale(
