@@ -22,8 +22,11 @@ from pd_tools.localcluster import (
     LocalPrometheus,
     MissingBinaryError,
 )
+from pd_tools.simcluster.virtual import VirtualCluster
+from pdcases import ROOT
 
 FIX = "make testenv  (or: make test, which runs it)"
+TINY = ROOT / "config" / "clusters" / "tiny.yaml"
 
 
 def _unavailable(what: str, error: LocalClusterError) -> None:
@@ -116,6 +119,31 @@ def operator(cluster: LocalCluster, namespace: str) -> Iterator[RunningOperator]
     """The operator watching only this test's namespace, so that writes are counted per test."""
     running = RunningOperator(
         str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
+    ).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def tiny_nodes(api_client: client.ApiClient, namespace: str) -> Iterator[VirtualCluster]:
+    """Two 8-card S5000 nodes and one 8-card H200 node whose pods turn Ready in about a second."""
+    virtual = VirtualCluster(
+        api_client, TINY, time_scale=0.01, name_prefix=f"{namespace}-", namespace=namespace
+    )
+    virtual.start()
+    yield virtual
+    client.AppsV1Api(api_client).delete_collection_namespaced_deployment(namespace)
+    client.CoreV1Api(api_client).delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    virtual.stop()
+
+
+@pytest.fixture
+def operator_on_tiny_nodes(
+    cluster: LocalCluster, namespace: str, tiny_nodes: VirtualCluster
+) -> Iterator[RunningOperator]:
+    """The operator watching this test's namespace, with the tiny cluster's nodes running."""
+    running = RunningOperator(
+        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=2
     ).start()
     yield running
     running.stop()

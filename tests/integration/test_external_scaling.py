@@ -12,12 +12,10 @@ import copy
 import pytest
 from kubernetes import client
 
-from kubetools import RunningOperator, condition, create_pdd, custom, events, get_pdd, wait_for
-from pd_tools.simcluster.virtual import VirtualCluster
+from kubetools import condition, create_pdd, custom, events, get_pdd, wait_for
 from pdcases import ROOT, load_sample
 
 HETERO = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
-TINY = ROOT / "config" / "clusters" / "tiny.yaml"
 NAME = "glm-hetero"
 GROUP, VERSION = "pdoperator.io", "v1alpha1"
 # The HPA controller resyncs every 15 s, and learns a new scale kind within 30 s.
@@ -25,25 +23,13 @@ HPA_SECONDS = 90
 
 
 @pytest.fixture
-def nodes(api_client, namespace):
-    """Two 8-card S5000 nodes and one 8-card H200 node whose pods turn Ready in about a second."""
-    virtual = VirtualCluster(
-        api_client, TINY, time_scale=0.01, name_prefix=f"{namespace}-", namespace=namespace
-    )
-    virtual.start()
-    yield virtual
-    client.AppsV1Api(api_client).delete_collection_namespaced_deployment(namespace)
-    client.CoreV1Api(api_client).delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-    virtual.stop()
+def nodes(tiny_nodes):
+    return tiny_nodes
 
 
 @pytest.fixture
-def operator(cluster, namespace, nodes):
-    running = RunningOperator(
-        str(cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=2
-    ).start()
-    yield running
-    running.stop()
+def operator(operator_on_tiny_nodes):
+    return operator_on_tiny_nodes
 
 
 def external_body() -> dict:
