@@ -4,9 +4,7 @@ With CI=true a missing binary or a failed start fails the tests; elsewhere they 
 with the command that fixes it.
 """
 
-import json
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -14,7 +12,6 @@ import pytest
 from kubernetes import client, config
 
 from kubetools import RunningOperator
-from pd_operator.api.crd import render_pdpool_crd
 from pd_tools.localcluster import (
     ExistingCluster,
     LocalCluster,
@@ -37,22 +34,6 @@ def _unavailable(what: str, error: LocalClusterError) -> None:
     pytest.skip(f"{message}\n  fix: {FIX}")
 
 
-def _install_pdpool_crd(local: LocalCluster | ExistingCluster) -> None:
-    """The PDPool CRD (mode External) beside the PDDeployment CRD that the cluster installs."""
-    local.kubectl(
-        "apply", "--server-side", "--field-manager=pd-operator", "-f", "-",
-        input_text=render_pdpool_crd(),
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        crd = json.loads(local.kubectl("get", "crd/pdpools.pdoperator.io", "-o", "json"))
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
-            return
-        time.sleep(0.2)
-    raise LocalClusterError("the PDPool CRD was not Established within 60 s")
-
-
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster | ExistingCluster]:
     """The local control plane, or the cluster named by PD_TEST_KUBECONFIG (e.g. kind)."""
@@ -60,7 +41,6 @@ def cluster() -> Iterator[LocalCluster | ExistingCluster]:
     try:
         local = ExistingCluster(existing) if existing else LocalCluster()
         local.start()
-        _install_pdpool_crd(local)
     except LocalClusterError as error:
         _unavailable("local control plane", error)
     print(f"\nlocal control plane ready in {local.startup_seconds:.1f}s at {local.server}")

@@ -1,4 +1,4 @@
-"""Installing the CRD on a test cluster waits until it is served, whatever its first status."""
+"""Installing the CRDs on a test cluster waits until each is served, whatever its first status."""
 
 import json
 from pathlib import Path
@@ -41,12 +41,17 @@ def test_a_crd_without_status_yet_is_waited_for_until_established(monkeypatch):
         ]
     )
     kube.apply_crds()
-    assert [call[0] for call in kube.calls] == ["apply", "get", "get", "get", "get"]
+    # One apply of both CRDs; four reads until the PDDeployment CRD is served, one for PDPool.
+    assert [call[0] for call in kube.calls] == ["apply", "get", "get", "get", "get", "get"]
+    assert [call[1] for call in kube.calls[1:]] == [
+        *["crd/pddeployments.pdoperator.io"] * 4,
+        "crd/pdpools.pdoperator.io",
+    ]
 
 
 def test_a_crd_never_established_fails_naming_it(monkeypatch):
     clock = iter(range(0, 1000, 10))
     monkeypatch.setattr(localcluster.time, "monotonic", lambda: float(next(clock)))
     monkeypatch.setattr(localcluster.time, "sleep", lambda _: None)
-    with pytest.raises(LocalClusterError, match="CRD was not Established within 60 s"):
+    with pytest.raises(LocalClusterError, match="PDDeployment CRD was not Established within 60 s"):
         ScriptedKubectl([{"conditions": None}]).apply_crds()

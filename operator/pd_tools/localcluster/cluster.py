@@ -17,7 +17,7 @@ from types import TracebackType
 
 import yaml
 
-from pd_operator.api.crd import render_crd
+from pd_operator.api.crd import crd_files
 from pd_tools.localcluster.pki import CertificateAuthority, KeyPair, service_account_keys
 from pd_tools.localcluster.processes import (
     LocalClusterError,
@@ -48,6 +48,8 @@ CONTROLLERS = [
 ]
 START_TIMEOUT_SECONDS = 60
 CRD_ESTABLISHED_TIMEOUT_S = 60
+# The CRDs apply_crds installs, by kind and name, in the order they are waited for.
+SERVED_CRDS = (("PDDeployment", "pddeployments.pdoperator.io"), ("PDPool", "pdpools.pdoperator.io"))
 
 
 def _kubeconfig(server: str, ca: Path, client: KeyPair, user: str) -> str:
@@ -93,17 +95,22 @@ class KubectlCluster:
         return result.stdout
 
     def apply_crds(self) -> None:
-        """Install the PDDeployment CRD with server-side apply and wait until it is served."""
+        """Install the CRDs (PDDeployment, and PDPool for mode External) with server-side apply
+        and wait until each is served."""
         self.kubectl(
             "apply", "--server-side", "--field-manager=pd-operator", "-f", "-",
-            input_text=render_crd(),
+            input_text="\n---\n".join(crd_files().values()),
         )  # fmt: skip
+        for kind, name in SERVED_CRDS:
+            self._wait_established(kind, name)
+
+    def _wait_established(self, kind: str, name: str) -> None:
         # Polled, as JSON: until the apiserver has written the CRD's first status, both
         # `kubectl wait --for=condition=Established` and a jsonpath filter on the conditions
         # fail at once (".status.conditions ... nil") instead of waiting.
         deadline = time.monotonic() + CRD_ESTABLISHED_TIMEOUT_S
         while True:
-            crd = json.loads(self.kubectl("get", "crd/pddeployments.pdoperator.io", "-o", "json"))
+            crd = json.loads(self.kubectl("get", f"crd/{name}", "-o", "json"))
             conditions = (crd.get("status") or {}).get("conditions") or []
             if any(
                 c.get("type") == "Established" and c.get("status") == "True" for c in conditions
@@ -111,7 +118,7 @@ class KubectlCluster:
                 return
             if time.monotonic() > deadline:
                 raise LocalClusterError(
-                    f"the PDDeployment CRD was not Established within {CRD_ESTABLISHED_TIMEOUT_S} s"
+                    f"the {kind} CRD was not Established within {CRD_ESTABLISHED_TIMEOUT_S} s"
                 )
             time.sleep(0.2)
 
