@@ -30,6 +30,11 @@ class Slot:
     blocked: bool = False  # some pods are unschedulable (the only hint when capacity is unknown)
 
 
+def clamp(pool: PoolSpec, value: int) -> int:
+    """`value` within the pool's replicas.min and max."""
+    return max(pool.replicas.min, min(pool.replicas.max, value))
+
+
 def ceiling(slot: Slot, placed: int, ledger: FreeCapacity | None) -> int | None:
     """Most replicas the pool can have when `placed` of them hold room already; None: no limit
     is known."""

@@ -20,6 +20,7 @@ from pd_operator.core import reasons
 from pd_operator.core.allocation import (
     RatioRepair,
     Slot,
+    clamp,
     grow,
     ratio_percent,
     repair_ratio,
@@ -87,10 +88,6 @@ def requested_replicas(
     return found
 
 
-def _clamp(slot: Slot, value: int) -> int:
-    return max(slot.pool.replicas.min, min(slot.pool.replicas.max, value))
-
-
 def _message(role: Role, asked: int, got: int, limit: LimitedBy) -> str:
     if limit in LIMIT_WORDS:
         words = LIMIT_WORDS[limit]
@@ -127,7 +124,7 @@ def decide_external(
             raw, short[role] = allocation.replicas, allocation.short
         else:
             raw = shrink(slots[role], asked)
-        values[role] = {s.pool.name: _clamp(s, raw[s.pool.name]) for s in slots[role]}
+        values[role] = {s.pool.name: clamp(s.pool, raw[s.pool.name]) for s in slots[role]}
         for slot in slots[role]:
             added = values[role][slot.pool.name] - slot.placeable
             if ledger is not None and added > 0:

@@ -21,6 +21,7 @@ from pd_operator.core.allocation import (
     RatioRepair,
     Slot,
     ceiling,
+    clamp,
     grow,
     one_less,
     ratio_percent,
@@ -142,15 +143,11 @@ class _Pool:
                 self.notes.append(note)
 
 
-def _clamp(pool: PoolSpec, value: int) -> int:
-    return max(pool.replicas.min, min(pool.replicas.max, value))
-
-
 def _bound(pool: _Pool, note: str) -> None:
     """Move the pool's value within its bounds; a floor says it held the pool."""
     if pool.floor is not None and pool.value < pool.floor.replicas:
         pool.move(pool.floor.replicas, pool.floor.limit, pool.floor.note)
-    pool.move(_clamp(pool.spec, pool.value), "bounds", note)
+    pool.move(clamp(pool.spec, pool.value), "bounds", note)
 
 
 def _expected_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec, memory: PoolMemory) -> float:
@@ -583,7 +580,7 @@ def _decide_role(
     warming, decode_short = gates
     scaling = spec.scaling
     for pool in pools:
-        pool.raw = _clamp(pool.spec, raw[pool.spec.name])
+        pool.raw = clamp(pool.spec, raw[pool.spec.name])
         pool.value, pool.limited_by = pool.raw, limits.get(pool.spec.name, "none")
         if pool.limited_by != "none":
             pool.notes.append(RAW_LIMIT_NOTES[pool.limited_by])
