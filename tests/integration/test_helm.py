@@ -275,6 +275,7 @@ def test_service_account_token_is_enough_to_reconcile_a_sample(
         ("list", "secrets", "--all-namespaces"),
         ("list", "configmaps"),
         ("create", "pods"),
+        ("delete", "pods"),  # pods are marked for their ReplicaSet to remove, never deleted
         ("update", "pddeployments.pdoperator.io"),  # the user's spec is never written
         ("patch", "pddeployments.pdoperator.io"),
         ("get", "deployments.apps"),  # every read comes from a watch
@@ -298,6 +299,7 @@ def test_service_account_may_do_what_the_operator_does(cluster, namespace, relea
         ("patch", "poddisruptionbudgets.policy"),
         ("create", "events"),
         ("watch", "pods"),
+        ("patch", "pods"),  # pod-deletion-cost on the pods a shrinking pool should lose
         ("get", "secrets"),  # the Secrets a PDDeployment's spec.scaling.prometheus names
     ):
         assert can_i(cluster, release, *request_, f"--namespace={namespace}"), request_

@@ -10,7 +10,9 @@ endpoint Service's selector and port.
 
 import asyncio
 import copy
+import json
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -377,3 +379,96 @@ def test_sglang_requests_go_through_sglang_router_and_its_bootstrap_hand_off(
         result = asyncio.run(replay(requests(40, 10.0, 300, 20), config))
         assert not [r for r in result.records if r.reason is not None], result.summary
         assert all(r.tokens == r.output_tokens for r in result.records)
+
+
+def running_sequences(prometheus, namespace: str) -> dict[str, float]:
+    """Each decode pod's running sequences, as Prometheus last scraped them."""
+    params = urllib.parse.urlencode(
+        {"query": f'vllm:num_requests_running{{namespace="{namespace}",role="decode"}}'}
+    )
+    with urllib.request.urlopen(f"{prometheus.url}/api/v1/query?{params}", timeout=10) as reply:
+        result = json.load(reply)["data"]["result"]
+    return {series["metric"]["pod"]: float(series["value"][1]) for series in result}
+
+
+def streaming(running: dict[str, float], busy: tuple[str, ...], idle: str) -> bool:
+    return all(running.get(name, 0) >= 4 for name in busy) and running.get(idle) == 0
+
+
+def test_a_shrinking_decode_pool_removes_its_idle_replica_not_the_newest_busy_one(
+    api_client, namespace, operator, prometheus, tmp_path
+):
+    """Which replica goes: decode shrinks from 3 to 2 while the newest replica (the one a
+    ReplicaSet removes by default) and an older one stream long answers and the third is idle.
+    The operator reads each pod's running sequences from Prometheus and marks the idle one with
+    a low pod-deletion-cost just before it lowers the replicas: the idle replica goes and, with
+    no drain (drainSeconds 0), not one stream is cut. The streams are sent to the two engines
+    directly: the router's choice of decode replica cannot be steered."""
+    body = pdd_body()
+    decode = body["spec"]["decode"]["pools"][0]
+    decode["replicas"] = {"min": 2, "max": 2}
+    decode["accelerator"]["perReplica"] = 4  # three replicas on serving.yaml's two H200 nodes
+    body["spec"]["scaling"] = {"mode": "Disabled", "prometheus": {"url": prometheus.url}}
+    core = client.CoreV1Api(api_client)
+    selector = f"pdoperator.io/deployment={NAME},pdoperator.io/role=decode"
+
+    def decode_pods(count: int) -> dict[str, Any] | None:
+        pods = [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if p.metadata.deletion_timestamp is None
+        ]
+        ready = [
+            p
+            for p in pods
+            if p.status.pod_ip
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        ]
+        return {p.metadata.name: p for p in ready} if len(ready) == len(pods) == count else None
+
+    def decode_replicas(count: int) -> None:
+        pools = get_pdd(api_client, namespace, NAME)["spec"]["decode"]["pools"]
+        pools[0]["replicas"] = {"min": count, "max": count}
+        patch_pdd(api_client, namespace, NAME, {"spec": {"decode": {"pools": pools}}})
+
+    sd_file = prometheus.targets_dir / f"{namespace}-removal.json"
+    with serving_cluster(api_client, namespace, tmp_path, sd_file):
+        create_pdd(api_client, namespace, body)
+        ready_endpoint(api_client, namespace)
+        older = wait_for(lambda: decode_pods(2), timeout=60, what="two decode replicas Ready")
+        decode_replicas(3)
+        pods = wait_for(lambda: decode_pods(3), timeout=60, what="a third decode replica Ready")
+        (newest,) = set(pods) - set(older)
+        busy_older, idle = sorted(older)
+        # 8 answers of 1,500 tokens on each busy replica: 30 s or more of streaming.
+        results: dict[str, Any] = {}
+
+        def stream_to(name: str) -> None:
+            config = LoadConfig(
+                url=f"http://{pods[name].status.pod_ip}:8000",
+                model=MODEL,
+                max_in_flight=16,
+                timeout_s=90,
+                deadline_s=120,
+            )
+            results[name] = asyncio.run(replay(requests(8, 8.0, 200, 1500), config))
+
+        loads = [threading.Thread(target=stream_to, args=(n,)) for n in (newest, busy_older)]
+        for load in loads:
+            load.start()
+        wait_for(
+            lambda: streaming(running_sequences(prometheus, namespace), (newest, busy_older), idle),
+            timeout=30,
+            interval=0.5,
+            what="Prometheus seeing both busy replicas stream and the third idle",
+        )
+        decode_replicas(2)
+        kept = wait_for(lambda: decode_pods(2), timeout=60, what="decode back to two replicas")
+        assert set(kept) == {newest, busy_older}, f"kept {sorted(kept)}; {idle} was the idle one"
+        for load in loads:
+            load.join(timeout=120)
+        for name, result in results.items():
+            cut = [r for r in result.records if r.reason is not None]
+            assert not cut, f"streams on {name} cut: {cut[:3]}"
+            assert len(result.records) == 8
+        assert set(results) == {newest, busy_older}

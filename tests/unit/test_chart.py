@@ -67,6 +67,7 @@ NAMESPACED_RIGHTS: set[Rule] = {
     },
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    ("", "pods", "patch"),  # pod-deletion-cost before a pool shrinks
     ("", "events", "create"),
     # The Secrets that spec.scaling.prometheus names, by name: get, never list or watch.
     ("", "secrets", "get"),

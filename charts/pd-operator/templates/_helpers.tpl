@@ -107,7 +107,7 @@ and Secrets are never listed or watched.
   verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -22,6 +22,7 @@ from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.api.document import yaml_problem
 from pd_operator.api.pdpool import POOL_KIND, POOL_PLURAL
 from pd_operator.core.children import MANAGED_BY
+from pd_operator.core.observe import DELETION_COST
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ FIELD_MANAGER = "pd-operator"
 # Plural resource names of the kinds the operator manages.
 PLURALS = {
     "Deployment": "deployments",
+    "Pod": "pods",
     "Service": "services",
     "ConfigMap": "configmaps",
     "PodDisruptionBudget": "poddisruptionbudgets",
@@ -338,6 +340,19 @@ class KubeWriter:
         result = self._call("PATCH", path, replace, "application/json-patch+json")
         metrics.API_WRITES.labels(verb="patch_status", kind=kind).inc()
         return result
+
+    def set_deletion_cost(self, namespace: str, name: str, uid: str, cost: int) -> None:
+        """Annotate one pod with the cost its ReplicaSet reads to choose which pod to remove;
+        only if it is still that pod (the uid is a precondition: 422 otherwise)."""
+        body = {"metadata": {"uid": uid, "annotations": {DELETION_COST: str(cost)}}}
+        self._call(
+            "PATCH",
+            object_path("v1", "Pod", namespace, name),
+            body,
+            "application/merge-patch+json",
+            [("fieldManager", FIELD_MANAGER)],
+        )
+        metrics.API_WRITES.labels(verb="patch", kind="Pod").inc()
 
     def post_event(
         self, involved: Mapping[str, Any], event_type: str, reason: str, message: str

@@ -15,12 +15,13 @@ private temporary file for `requests`, removed when no object uses that reader a
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Protocol
 
-from pd_operator.adapters import metrics
+from pd_operator.adapters import metrics, promql
 from pd_operator.adapters.cache import ObjectKey
 from pd_operator.adapters.credentials import (
     NO_CREDENTIALS,
@@ -39,7 +40,7 @@ from pd_operator.adapters.prometheus import (
     all_signals,
 )
 from pd_operator.api import PDDeployment
-from pd_operator.api.spec import PrometheusSpec
+from pd_operator.api.spec import PrometheusSpec, Role
 from pd_operator.core.children import ROLES
 from pd_operator.core.signals import RoleSignals, unavailable
 
@@ -70,6 +71,9 @@ class PrometheusReaders:
 
     def __init__(self, factory: ReaderFactory = PrometheusReader) -> None:
         self._factory = factory
+        # The reconciler's workers read through `get` too (a pool's pods before a scale-down),
+        # while the autoscaler's thread adds and drops readers.
+        self._lock = threading.Lock()
         self._readers: dict[ReaderKey, tuple[PrometheusReader, str | None]] = {}
         self._pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="prometheus-read")
         self._running: dict[ReaderKey, Future[Read]] = {}
@@ -77,15 +81,18 @@ class PrometheusReaders:
     def get(self, url: str, credentials: Credentials = NO_CREDENTIALS) -> PrometheusReader:
         """The reader for this URL with these credentials, built on first use."""
         key = (url, credentials)
-        if key not in self._readers:
-            ca_path = _private_file(credentials.ca_pem) if credentials.ca_pem else None
-            try:
-                reader = self._factory(url, bearer_token=credentials.bearer_token, ca_path=ca_path)
-            except BaseException:
-                _remove(ca_path)
-                raise
-            self._readers[key] = (reader, ca_path)
-        return self._readers[key][0]
+        with self._lock:
+            if key not in self._readers:
+                ca_path = _private_file(credentials.ca_pem) if credentials.ca_pem else None
+                try:
+                    reader = self._factory(
+                        url, bearer_token=credentials.bearer_token, ca_path=ca_path
+                    )
+                except BaseException:
+                    _remove(ca_path)
+                    raise
+                self._readers[key] = (reader, ca_path)
+            return self._readers[key][0]
 
     def read(
         self,
@@ -126,8 +133,9 @@ class PrometheusReaders:
     def retain(self, keys: Iterable[ReaderKey]) -> None:
         """Drop every reader not in `keys` (credentials replaced, objects gone) and its CA file."""
         wanted = set(keys)
-        for key in [k for k in self._readers if k not in wanted]:
-            reader, ca_path = self._readers.pop(key)
+        with self._lock:
+            dropped = [self._readers.pop(k) for k in list(self._readers) if k not in wanted]
+        for reader, ca_path in dropped:
             close = getattr(reader, "close", None)  # test doubles may have none
             if close:
                 close()
@@ -145,7 +153,8 @@ class PrometheusReaders:
 
     def ca_paths(self) -> list[str]:
         """The CA files in use (for tests and diagnostics)."""
-        return [path for _, path in self._readers.values() if path]
+        with self._lock:
+            return [path for _, path in self._readers.values() if path]
 
 
 def _outcome(future: Future[Read], url: str, targets: Sequence[SignalTarget], now: float) -> Read:
@@ -285,6 +294,22 @@ class MetricsSource:
         finally:
             metrics.PROMETHEUS_QUERIES.inc(report.queries)
             self.last_report = report
+
+    def pod_work(
+        self, key: ObjectKey, pdd: PDDeployment, role: Role, pods: Sequence[str]
+    ) -> dict[str, float] | None:
+        """The work each of these pods of the object holds now, from its Prometheus (one query);
+        None when it cannot be read. For the reconciler, just before a pool shrinks."""
+        try:
+            url, credentials = self.source(key[0], pdd)
+        except CredentialsError:
+            return None
+        if url is None or not pods:
+            return None
+        query = promql.pod_work_query(pdd.spec.model.engine, role, key[0], pods)
+        found = self.readers.get(url, credentials).by_label(query, "pod")
+        metrics.PROMETHEUS_QUERIES.inc()
+        return found
 
     def close(self) -> None:
         """Drop every reader and CA file, and stop reading."""

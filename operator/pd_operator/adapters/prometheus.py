@@ -103,6 +103,20 @@ class PrometheusReader:
         except (PrometheusApiClientException, requests.RequestException, ValueError) as error:
             return None, error
 
+    def by_label(self, text: str, label: str) -> dict[str, float] | None:
+        """An instant query's values by one label (series without it, or NaN, left out); None
+        when the query failed."""
+        result, error = self._send(text)
+        if error is not None or result is None:
+            return None
+        values = {}
+        for series in result:
+            value = float(series["value"][1])
+            name = series["metric"].get(label)
+            if name and not math.isnan(value):
+                values[name] = value
+        return values
+
     def close(self) -> None:
         """Stop the query threads."""
         self._pool.shutdown(wait=False)

@@ -6,10 +6,12 @@ Percentile queries differ by quantile and window, so there is one per distinct (
 window) pair among the objects; in practice one or two.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pd_operator.api.spec import PERCENTILE_SHARES
+from pd_operator.api.spec import PERCENTILE_SHARES, Engine, Role
 from pd_operator.core import engine_metrics
+from pd_operator.core.removal import WORK_GAUGES
 
 # Scrape-time labels that identify a role's series. Prometheus sanitises label names, so our pod
 # labels pdoperator.io/{deployment,role} arrive under these names (the chart's engineMonitor
@@ -127,3 +129,23 @@ def counter_rate_query(counter: str, window_seconds: int) -> str:
 def gauge_query(gauge: str, aggregate: str = "sum") -> str:
     """A gauge per role (`sum` for counts, `avg` for fractions)."""
     return f"{aggregate} by ({_by(GROUP_LABELS)}) ({gauge})"
+
+
+def pod_work_query(engine: Engine, role: Role, namespace: str, pods: Sequence[str]) -> str:
+    """The work each of these pods holds now (`core.removal.WORK_GAUGES`), one series per pod.
+
+    Every spelling the engine's versions use is matched: a pod exports one of them."""
+    names = sorted(
+        {
+            name
+            for adapter in ADAPTERS[engine]
+            for gauge in WORK_GAUGES[role]
+            if (name := getattr(adapter, gauge))
+        }
+    )
+    # Pod names are DNS subdomains: a dot is their only regex metacharacter (escaped once for
+    # the regex, once for the PromQL string).
+    pattern = "|".join(pod.replace(".", "\\\\.") for pod in pods)
+    return (
+        f'sum by (pod) ({{__name__=~"{"|".join(names)}",namespace="{namespace}",pod=~"{pattern}"}})'
+    )

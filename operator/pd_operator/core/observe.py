@@ -8,6 +8,9 @@ from typing import Any
 from pd_operator.core.children import LABEL_POOL, LABEL_ROLE
 from pd_operator.core.quantity import parse_quantity
 
+# Which pod a ReplicaSet removes first among Ready ones: the lowest cost (Kubernetes >= 1.22).
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
 IMAGE_PROBLEMS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
@@ -26,6 +29,11 @@ class PodSummary:
     image_problem: str = ""  # the kubelet's waiting reason and message, when the image fails
     terminating: bool = False
     requests: Mapping[str, str] = field(default_factory=dict)
+    uid: str = ""
+    created: str = ""  # creationTimestamp, RFC 3339: sorts as time does
+    replica_set: str = ""  # the ReplicaSet that controls it ("" for another controller or none)
+    template_hash: str = ""  # its pod-template-hash label: the ReplicaSet's name ends with it
+    deletion_cost: int = 0  # controller.kubernetes.io/pod-deletion-cost, 0 when unset
 
 
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -92,7 +100,26 @@ def summarize_pod(pod: Mapping[str, Any]) -> PodSummary:
         image_problem=image_problem,
         terminating=bool(meta.get("deletionTimestamp")),
         requests=requests,
+        uid=meta.get("uid") or "",
+        created=meta.get("creationTimestamp") or "",
+        replica_set=_controller_named(meta, "ReplicaSet"),
+        template_hash=labels.get("pod-template-hash", ""),
+        deletion_cost=_int_or_zero((meta.get("annotations") or {}).get(DELETION_COST)),
     )
+
+
+def _controller_named(meta: Mapping[str, Any], kind: str) -> str:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == kind:
+            return str(ref.get("name") or "")
+    return ""
+
+
+def _int_or_zero(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:  # the ReplicaSet controller reads an unparsable cost as 0 too
+        return 0
 
 
 @dataclass(frozen=True)

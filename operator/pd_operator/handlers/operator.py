@@ -116,6 +116,7 @@ class OperatorState:
             self.writer,
             decisions=decisions or self.autoscaler.decisions_for,
             scaling=self.autoscaler.view_for,
+            pod_work=self.autoscaler.source.pod_work,
         )
         self.tasks: list[asyncio.Task[None]] = []
         self._failures: dict[ObjectKey, int] = {}

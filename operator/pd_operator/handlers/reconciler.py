@@ -7,16 +7,17 @@ on the API.
 import datetime
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from pd_operator.adapters import metrics
-from pd_operator.adapters.cache import ClusterCache, ObjectKey
+from pd_operator.adapters.cache import ClusterCache, ObjectKey, Snapshot
 from pd_operator.adapters.kube import KubeWriter, api_message
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
 from pd_operator.api.pdpool import POOL_KIND
+from pd_operator.api.spec import Role
 from pd_operator.core import reasons
 from pd_operator.core.capacity import free_capacity
 from pd_operator.core.children import PoolKey, child_key
@@ -35,6 +36,13 @@ from pd_operator.core.reconcile import (
     plan_children,
     pool_observations,
 )
+from pd_operator.core.removal import (
+    Shrink,
+    choose_removal,
+    marks_to_write,
+    pool_pods_of,
+    shrinking_pools,
+)
 from pd_operator.core.status import ScalingView, compute_status, invalid_spec_status
 
 logger = logging.getLogger(__name__)
@@ -44,6 +52,8 @@ REJECTED_STATUSES = frozenset({400, 403, 422})
 
 DecisionSource = Callable[[ObjectKey], Mapping[PoolKey, int] | None]
 ScalingSource = Callable[[ObjectKey], ScalingView | None]
+# The work each named pod of a role holds now (None: unknown); `MetricsSource.pod_work`.
+PodWorkSource = Callable[[ObjectKey, PDDeployment, Role, Sequence[str]], Mapping[str, float] | None]
 
 
 def utc_now() -> str:
@@ -125,12 +135,14 @@ class Reconciler:
         *,
         decisions: DecisionSource | None = None,
         scaling: ScalingSource | None = None,
+        pod_work: PodWorkSource | None = None,
         clock: Callable[[], str] = utc_now,
     ) -> None:
         self.cache = cache
         self.writer = writer
         self.decisions = decisions
         self.scaling = scaling
+        self.pod_work = pod_work  # None: a shrinking pool loses the ReplicaSet's default choice
         self.clock = clock
 
     def reconcile(self, key: ObjectKey) -> None:
@@ -182,6 +194,7 @@ class Reconciler:
             )
             decisions = external.replicas
         plan = plan_children(pdd, snapshot.children, snapshot.nodes, decisions)
+        self._choose_removed(key, pdd, shrinking_pools(plan.apply, snapshot.children), snapshot)
         problems = list(plan.problems)
         children = dict(snapshot.children)
         transient: ApiException | None = None
@@ -229,6 +242,36 @@ class Reconciler:
         self._report(body, previous, status, plan.events + events + scaling_events)
         if transient is not None:
             raise transient
+
+    def _choose_removed(
+        self, key: ObjectKey, pdd: PDDeployment, shrinks: list[Shrink], snapshot: Snapshot
+    ) -> None:
+        """Before pools shrink: mark the pods with the least work as the ones to remove
+        (`core.removal`). A failed read or write leaves the ReplicaSet's own choice; the
+        scale-down goes ahead either way."""
+        if self.pod_work is None:
+            return
+        for shrink in shrinks:
+            pods = pool_pods_of(snapshot.pods, shrink.role, shrink.pool, shrink.deployment)
+            if len(pods) <= 1:
+                continue  # nothing to choose between
+            try:
+                work = self.pod_work(key, pdd, shrink.role, [pod.name for pod in pods]) or {}
+            except Exception as error:  # a better choice only: never hold the scale-down back
+                logger.warning("%s/%s: work of %s pool %s not read: %s",
+                               key[0], key[1], shrink.role, shrink.pool, error)  # fmt: skip
+                continue
+            removal = choose_removal(shrink.role, shrink.pool, pods, shrink.count, work)
+            if removal is None:
+                continue
+            for pod in marks_to_write(removal):
+                try:
+                    self.writer.set_deletion_cost(key[0], pod.name, pod.uid, removal.cost)
+                except ApiException as error:
+                    if error.status not in (404, 409, 422):  # gone or replaced: nothing to mark
+                        logger.warning("%s/%s: pod %s not marked for removal: %s",
+                                       key[0], key[1], pod.name, api_message(error))  # fmt: skip
+            logger.info("%s/%s: %s", key[0], key[1], removal.summary(work))
 
     def _write(
         self,
