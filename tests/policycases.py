@@ -15,6 +15,7 @@ from pd_operator.core.perfmodel import kv_capacity_tokens
 from pd_operator.core.policy import Decision, Observation, PoolObservation, decide
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory
 from pd_operator.core.profiles import model_profile_for
+from pd_operator.core.resolved import resolve
 from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals
 from pd_operator.core.tuning import TUNING
 from pdcases import minimal
@@ -212,6 +213,8 @@ def kv_share(running: float, context: int) -> float:
 
 def seed(role: Role, prompt: int) -> float:
     pool = PROFILED.pools(role)[0]
-    value = seed_capacity(PROFILED, role, pool, prompt, prompt_length_cv2=TUNING.prompt_length_cv2)
+    value = seed_capacity(
+        resolve(PROFILED), role, pool, prompt, prompt_length_cv2=TUNING.prompt_length_cv2
+    )
     assert value is not None
     return value

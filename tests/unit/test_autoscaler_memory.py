@@ -1,6 +1,7 @@
 """The autoscaler's memory survives an operator restart through status.policyMemory: a restarted
-operator decides as the one before it would have; and its log says each decision that changes
-something in one INFO line. Fakes stand in for the Prometheus reader only."""
+operator decides as the one before it would have; a spec is parsed and resolved once per
+generation, not per cycle; and its log says each decision that changes something in one INFO
+line. Fakes stand in for the Prometheus reader only."""
 
 import copy
 import json
@@ -10,7 +11,11 @@ import pytest
 
 from pd_operator.adapters.cache import ClusterCache
 from pd_operator.adapters.prometheus import ReadReport
+from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.core import policy
+from pd_operator.core.resolved import ResolvedSpec, resolve
 from pd_operator.core.signals import NO_TRAFFIC, RoleSignals
+from pd_operator.handlers import autoscaler as autoscaler_module
 from pd_operator.handlers.autoscaler import Autoscaler
 from pdcases import minimal, pool_deployment
 
@@ -84,6 +89,38 @@ def test_unreadable_memory_is_ignored_not_fatal():
     scaler = autoscaler(cluster({"policyMemory": "{not json"}), clock)
     assert scaler.cycle() == 1
     assert scaler.decisions_for(KEY) == {("prefill", "p"): 3, ("decode", "d"): 3}
+
+
+def test_a_spec_is_resolved_once_per_generation_not_per_cycle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resolved: list[PDDeploymentSpec] = []
+    on_the_spot: list[PDDeploymentSpec] = []
+
+    def counted(into: list[PDDeploymentSpec]):
+        def resolving(spec: PDDeploymentSpec) -> ResolvedSpec:
+            into.append(spec)
+            return resolve(spec)
+
+        return resolving
+
+    monkeypatch.setattr(autoscaler_module, "resolve", counted(resolved))
+    monkeypatch.setattr(policy, "resolve", counted(on_the_spot))  # decide's own fallback
+    clock = [1000.0]
+    cache = cluster()
+    scaler = autoscaler(cache, clock)
+    for _ in range(4):
+        assert scaler.cycle() == 1
+        clock[0] += INTERVAL
+    assert len(resolved) == 1 and on_the_spot == []
+
+    body = copy.deepcopy(dict(cache.pdd(KEY) or {}))
+    body["metadata"]["generation"] = 2
+    body["spec"]["slo"]["ttft"]["targetMilliseconds"] = 700
+    cache.put_pdd(body)
+    assert scaler.cycle() == 1
+    assert len(resolved) == 2 and on_the_spot == []
+    assert resolved[-1].slo.ttft.target_milliseconds == 700
 
 
 def test_a_scale_down_is_one_info_line_naming_the_object_and_the_change(

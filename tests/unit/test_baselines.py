@@ -4,6 +4,7 @@ from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import Role
 from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation, PoolObservation
+from pd_operator.core.resolved import resolve
 from pd_operator.core.signals import Reading, RoleSignals
 from pd_tools.replay.baselines import (
     HPA,
@@ -52,13 +53,19 @@ def view(
         "decode": WindowStats(p90[1], mean[1]),
     }
     return View(
-        now, SPEC, Observation(signals, pools), stats, frontend, replicas, {PREFILL: 20, DECODE: 20}
+        now,
+        resolve(SPEC),
+        Observation(signals, pools),
+        stats,
+        frontend,
+        replicas,
+        {PREFILL: 20, DECODE: 20},
     )
 
 
 def capacity() -> float:
     pool = SPEC.prefill.pools[0]
-    return per_replica(SPEC, "prefill", pool, PROMPT)
+    return per_replica(resolve(SPEC), "prefill", pool, PROMPT)
 
 
 def per_pod() -> float:
@@ -184,7 +191,9 @@ def test_static_peak_is_sized_for_the_busiest_minute() -> None:
     burst_rate = 3 * capacity() / PROMPT  # three replicas' worth, for one minute
     burst = [Request(300 + k / burst_rate, int(PROMPT), 100) for k in range(int(60 * burst_rate))]
     room = {PREFILL: 20, DECODE: 20}
-    calm = peak_replicas(SPEC, Arrivals(quiet), room)
-    busy = peak_replicas(SPEC, Arrivals(sorted(quiet + burst, key=lambda r: r.arrival_s)), room)
+    calm = peak_replicas(resolve(SPEC), Arrivals(quiet), room)
+    busy = peak_replicas(
+        resolve(SPEC), Arrivals(sorted(quiet + burst, key=lambda r: r.arrival_s)), room
+    )
     assert calm[PREFILL] == 1
     assert busy[PREFILL] >= 4  # three replicas' work at 80% utilisation

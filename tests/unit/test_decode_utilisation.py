@@ -15,6 +15,7 @@ from pd_operator.core.learning import decode_utilisation, seed_capacity
 from pd_operator.core.perfmodel import DecodeCoefficients
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.resolved import resolve
 from pd_tools.replay.example import example_document
 from policycases import INTERVAL, PROFILED, T0, kv_share, observe, replicas, seed, spec_of
 
@@ -29,7 +30,7 @@ P99, P50 = spec("P99"), spec("P50")
 
 @given(st.floats(min_value=1, max_value=100))
 def test_at_the_median_the_seed_itself_is_the_limit(dispersion):
-    assert decode_utilisation(P50, 13_000, dispersion) == 1.0
+    assert decode_utilisation(resolve(P50), 13_000, dispersion) == 1.0
 
 
 @given(
@@ -38,17 +39,17 @@ def test_at_the_median_the_seed_itself_is_the_limit(dispersion):
     st.floats(min_value=1.1, max_value=4),
 )
 def test_burstier_batches_leave_less_room(context, dispersion, more):
-    calm = decode_utilisation(P99, context, dispersion)
+    calm = decode_utilisation(resolve(P99), context, dispersion)
     # 1 where the engine's batch limit, not the ITL target, bounds the seed (short contexts).
-    assert 0 < decode_utilisation(P99, context, dispersion * more) <= calm <= 1
+    assert 0 < decode_utilisation(resolve(P99), context, dispersion * more) <= calm <= 1
 
 
 def test_the_batch_at_the_percentile_steps_within_the_target():
     """13,000-token contexts (the Mooncake trace's mean), variance five times the mean."""
     context, dispersion = 13_000, 5.0
-    share = decode_utilisation(P99, context, dispersion)
+    share = decode_utilisation(resolve(P99), context, dispersion)
     pool = P99.pools("decode")[0]
-    seed = seed_capacity(P99, "decode", pool, context)
+    seed = seed_capacity(resolve(P99), "decode", pool, context)
     assert seed is not None
     coefficients = DecodeCoefficients.from_profiles(H200_SXM, GLM_45_FP8, 8)
 
@@ -69,7 +70,7 @@ def test_without_a_profile_nothing_is_assumed():
     document = example_document(percentile="P99")
     document["spec"]["decode"]["pools"][0]["accelerator"].pop("profile")
     unprofiled = parse_pddeployment(document).spec
-    assert decode_utilisation(unprofiled, 13_000, 10.0) == 1.0
+    assert decode_utilisation(resolve(unprofiled), 13_000, 10.0) == 1.0
 
 
 # ---------------------------------------------------------------- the batch's bursts in decisions

@@ -20,6 +20,7 @@ from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, HARDWARE_PROFILES, M
 from pd_operator.core.learning import seed_load_seconds
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.resolved import resolve
 from pd_tools.cli.main import main
 from pd_tools.enginesim.engine import ROUTINGS, PDEngine, ReplicaSpec, Role
 from pd_tools.replay.baselines import OperatorPolicy, StaticPeak, View
@@ -610,7 +611,7 @@ def test_a_schedule_for_a_known_peak_serves_it_from_its_first_minute() -> None:
     ready = simulate(scheduled, requests, "pd-operator", model=GLM_45_FP8, timing=timing)
     assert reactive.attainment()["both"] < 0.9
     assert ready.attainment()["both"] == 1.0
-    load_s = seed_load_seconds(spec, spec.prefill.pools[0])
+    load_s = seed_load_seconds(resolve(spec), "prefill", spec.prefill.pools[0])
     assert load_s is not None
     grown, why = next(
         (t, why)
@@ -668,7 +669,7 @@ def test_a_peak_that_came_yesterday_is_pre_warmed_today_and_a_holiday_costs_minu
     assert peak_attainment(warmed) >= 0.999
     assert sum(warmed.card_hours.values()) <= 1.01 * sum(reactive.card_hours.values())
     # The first replica for it starts one load and one interval ahead of 09:00.
-    load_s = seed_load_seconds(spec, spec.prefill.pools[0])
+    load_s = seed_load_seconds(resolve(spec), "prefill", spec.prefill.pools[0])
     assert load_s is not None
     lead = load_s + spec.scaling.interval_seconds
     first = next(c for c in changes(warmed, -600, 600) if "limited by forecast" in c[2])

@@ -8,6 +8,7 @@ import pytest
 from pd_operator.core.learning import seed_capacity
 from pd_operator.core.policy import Observation, decide
 from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.resolved import resolve
 from pd_operator.core.signals import Reading, RoleSignals, unavailable
 from policycases import (
     INTERVAL,
@@ -119,7 +120,7 @@ def test_feedback_alone_acts_only_outside_its_dead_band(ratio, grows):
 
 
 def test_demand_from_the_hardware_profile_scales_up_before_the_slo_breaks():
-    per_replica = seed_capacity(PROFILED, "prefill", PROFILED.prefill.pools[0], 1000)
+    per_replica = seed_capacity(resolve(PROFILED), "prefill", PROFILED.prefill.pools[0], 1000)
     assert per_replica is not None
     observation = observe(
         PROFILED,

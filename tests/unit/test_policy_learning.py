@@ -15,6 +15,7 @@ from pd_operator.core.learning import (
 )
 from pd_operator.core.policy import Decision, Observation, decide
 from pd_operator.core.policy_state import PolicyState, RoleMemory
+from pd_operator.core.resolved import resolve
 from pd_operator.core.signals import LATENCY_BUCKETS, NO_TRAFFIC, Reading, bucket_of, unavailable
 from pd_operator.core.tuning import TUNING
 from pd_tools.enginesim.engine import PDEngine, ReplicaSpec
@@ -188,19 +189,19 @@ H200_REPLICA = ReplicaSpec.from_profiles(H200_SXM, GLM_45_FP8, 8)
 
 def test_varied_prompt_lengths_cost_more_prefill_than_prompts_of_the_mean_length():
     pool, decode_pool = PROFILED.prefill.pools[0], PROFILED.decode.pools[0]
-    fixed = seed_capacity(PROFILED, "prefill", pool, 16000)
+    fixed = seed_capacity(resolve(PROFILED), "prefill", pool, 16000)
     varied = seed_capacity(
-        PROFILED, "prefill", pool, 16000, prompt_length_cv2=TUNING.prompt_length_cv2
+        resolve(PROFILED), "prefill", pool, 16000, prompt_length_cv2=TUNING.prompt_length_cv2
     )
     assert fixed is not None and varied is not None
     assert varied < 0.9 * fixed  # attention costs the square of each prompt's length
     short = seed_capacity(
-        PROFILED, "prefill", pool, 500, prompt_length_cv2=TUNING.prompt_length_cv2
+        resolve(PROFILED), "prefill", pool, 500, prompt_length_cv2=TUNING.prompt_length_cv2
     )
-    assert short == pytest.approx(seed_capacity(PROFILED, "prefill", pool, 500), rel=0.05)
+    assert short == pytest.approx(seed_capacity(resolve(PROFILED), "prefill", pool, 500), rel=0.05)
     assert seed_capacity(
-        PROFILED, "decode", decode_pool, 4000, prompt_length_cv2=TUNING.prompt_length_cv2
-    ) == seed_capacity(PROFILED, "decode", decode_pool, 4000)
+        resolve(PROFILED), "decode", decode_pool, 4000, prompt_length_cv2=TUNING.prompt_length_cv2
+    ) == seed_capacity(resolve(PROFILED), "decode", decode_pool, 4000)
 
 
 @pytest.mark.parametrize("cached_share", [0.0, 0.5, 0.8])
@@ -217,7 +218,7 @@ def test_a_prefill_seed_is_what_the_engine_serves_with_that_share_of_each_prompt
     records = engine.run().records
     served = len(records) * prompt / max(r.prefill_end_s for r in records)
     pool = PROFILED.prefill.pools[0]
-    assert seed_capacity(PROFILED, "prefill", pool, prompt, cached_share=cached_share) == (
+    assert seed_capacity(resolve(PROFILED), "prefill", pool, prompt, cached_share=cached_share) == (
         pytest.approx(served, rel=0.05)
     )
 
@@ -259,7 +260,7 @@ def test_prefill_sheds_a_replica_only_where_the_rest_serve_the_load_without_its_
 
     def seeded(share: float) -> float:
         value = seed_capacity(
-            PROFILED, "prefill", pool, 1000, prompt_length_cv2=TUNING.prompt_length_cv2,
+            resolve(PROFILED), "prefill", pool, 1000, prompt_length_cv2=TUNING.prompt_length_cv2,
             cached_share=share,
         )  # fmt: skip
         assert value is not None

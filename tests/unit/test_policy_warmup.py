@@ -11,6 +11,7 @@ from pd_operator.core.allocation import record_ready
 from pd_operator.core.learning import seed_load_seconds
 from pd_operator.core.policy import PoolObservation, decide
 from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.resolved import resolve
 from policycases import INTERVAL, PROFILED, SPEC, T0, calibrated, limit, observe, replicas, spec_of
 
 
@@ -183,7 +184,7 @@ def test_the_load_time_comes_from_the_profile_and_is_then_learned():
         T0,
     )
     assert up is not None
-    expected = seed_load_seconds(PROFILED, PROFILED.prefill.pools[0])
+    expected = seed_load_seconds(resolve(PROFILED), "prefill", PROFILED.prefill.pools[0])
     assert up.state.pool("prefill", "p").ready_by == pytest.approx(T0 + expected)
     grown = up.replicas[("prefill", "p")]
     ready = decide(

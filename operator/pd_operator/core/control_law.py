@@ -23,15 +23,10 @@ the target. The numbers are `core.tuning`'s.
 from dataclasses import dataclass
 from typing import Literal
 
-from pd_operator.api.spec import PDDeploymentSpec, Role
+from pd_operator.api.spec import LatencyTarget, Role
 from pd_operator.core.learning import RoleCapacity
-from pd_operator.core.signals import (
-    LATENCY_BUCKETS,
-    LATENCY_NAMES,
-    ReadingKind,
-    RoleSignals,
-    bucket_of,
-)
+from pd_operator.core.resolved import ResolvedSpec
+from pd_operator.core.signals import ReadingKind, RoleSignals, bucket_of
 from pd_operator.core.tuning import TUNING
 
 EPSILON = 1e-9
@@ -94,7 +89,7 @@ class RoleLoad:
 
 
 def read_load(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     role: Role,
     signals: RoleSignals | None,
     now: float,
@@ -108,11 +103,11 @@ def read_load(
     """
     if signals is None:
         return RoleLoad("unavailable", "no signals for the role")
+    spec, terms = resolved.spec, resolved.role(role)
     age = now - signals.sample_time
     if age > TUNING.stale_intervals * spec.scaling.interval_seconds:
         return RoleLoad("unavailable", f"newest sample is {age:.0f}s old")
-    name = LATENCY_NAMES[role]
-    latency, target = signals.latency(role), spec.slo.target(role)
+    name, latency, target = terms.latency_name, signals.latency(role), terms.target
     if latency.kind is ReadingKind.UNAVAILABLE:
         return RoleLoad("unavailable", f"{name} unavailable: {latency.reason or 'no reason'}")
     served = (
@@ -160,8 +155,7 @@ def read_load(
     )
     bucket = None
     if latency.value is not None:
-        bounds = LATENCY_BUCKETS.get(spec.model.engine, {}).get(role, ())
-        lower, upper = bucket_of(bounds, latency.value)
+        lower, upper = bucket_of(terms.latency_buckets, latency.value)
         bucket = (lower / target_seconds, upper / target_seconds)
     unresolved = (
         ratio is not None
@@ -192,7 +186,7 @@ def read_load(
         waiting_requests=waiting,
         saturated=saturated,
         nothing_finished=latency.value is None and seconds is not None,
-        tail_only=_tail_only(spec, role, ratio, signals, target_seconds),
+        tail_only=_tail_only(target, ratio, signals, target_seconds),
         breach_unresolved=unresolved,
     )
 
@@ -236,13 +230,11 @@ def _latency_words(
 
 
 def _tail_only(
-    spec: PDDeploymentSpec,
-    role: Role,
+    target: LatencyTarget,
     ratio: float | None,
     signals: RoleSignals,
     target_seconds: float,
 ) -> bool:
-    target = spec.slo.target(role)
     mean = signals.mean_latency_seconds
     return (
         ratio is not None

@@ -31,12 +31,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Literal
 
-from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, PoolSpec, Role
-from pd_operator.core.hardware import (
-    HARDWARE_PROFILES,
-    HardwareProfile,
-    ModelProfile,
-)
+from pd_operator.api.spec import PoolSpec, Role
+from pd_operator.core.hardware import HardwareProfile, ModelProfile
 from pd_operator.core.perfmodel import (
     DecodeCoefficients,
     PrefillCoefficients,
@@ -46,13 +42,13 @@ from pd_operator.core.perfmodel import (
     model_load_seconds,
 )
 from pd_operator.core.policy_state import CapacityBasis
-from pd_operator.core.profiles import model_profile_for, pool_profiles
 from pd_operator.core.queueing import MAX_UTILISATION, exponential_lengths, pooled_utilisation
+from pd_operator.core.resolved import Profiles, ResolvedSpec
 from pd_operator.core.tuning import TUNING
 
 
 def seed_capacity(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     role: Role,
     pool: PoolSpec,
     prompt_tokens: int,
@@ -72,7 +68,7 @@ def seed_capacity(
     batch of sequences holding `prompt_tokens` of context whose ITL meets the target and whose
     KV cache fits, at that batch's token rate (linear in the context: the mean is enough).
     """
-    profiles = pool_profiles(spec, pool)
+    profiles = resolved.profiles(role, pool.name)
     if profiles is None:
         return None
     hardware, model = profiles
@@ -86,7 +82,7 @@ def seed_capacity(
     )
     if most < 1:
         return None  # the weights, or one sequence's KV, do not fit
-    target_ms = spec.slo.itl.target_milliseconds
+    target_ms = resolved.role(role).target.target_milliseconds
     low, high = 1, most  # ITL grows with the batch: find the largest batch within the target
     while low < high:
         middle = (low + high + 1) // 2
@@ -120,14 +116,14 @@ def _prefill_tokens_per_second(
     return batch * prompt / (batch_ms / 1000)
 
 
-def cache_speedup(spec: PDDeploymentSpec, prompt_tokens: float, cached_share: float) -> float:
+def cache_speedup(resolved: ResolvedSpec, prompt_tokens: float, cached_share: float) -> float:
     """How many times the prompt tokens/s of cold prompts of mean length `prompt_tokens` a
     prefill replica serves with `cached_share` of each prompt found cached: the first prefill
     pool with a known profile's; 1.0 without one."""
     if cached_share <= 0:
         return 1.0
-    for pool in spec.pools("prefill"):
-        profiles = pool_profiles(spec, pool)
+    for pool in resolved.spec.pools("prefill"):
+        profiles = resolved.profiles("prefill", pool.name)
         if profiles is not None:
             hardware, model = profiles
             cards, cv2 = pool.accelerator.per_replica, TUNING.prompt_length_cv2
@@ -139,7 +135,7 @@ def cache_speedup(spec: PDDeploymentSpec, prompt_tokens: float, cached_share: fl
 
 
 def prefill_utilisation(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     per_replica: Mapping[str, float],
     prompt_tokens: float,
     servers: int,
@@ -152,20 +148,19 @@ def prefill_utilisation(
     distributed (TUNING.prompt_length_cv2); with a known profile a prompt's service grows with its
     length as the performance model says (attention), `cached_share` of each prompt cached,
     else linearly. MAX_UTILISATION when no pool has an estimate."""
-    target = spec.slo.ttft
+    terms = resolved.role("prefill")
     found = [
         _pool_utilisation(
-            pool.accelerator.profile or "",
-            spec.model.name,
+            terms.profiles[pool.name],
             pool.accelerator.per_replica,
             prompt_tokens=_two_digits(prompt_tokens),
             cached_share=round(cached_share, 2),
             tokens_per_second=_two_digits(per_replica[pool.name]),
-            target_s=target.target_milliseconds / 1000,
-            share=PERCENTILE_SHARES[target.percentile],
+            target_s=terms.target.target_milliseconds / 1000,
+            share=terms.share,
             servers=max(1, servers),
         )
-        for pool in spec.pools("prefill")
+        for pool in resolved.spec.pools("prefill")
         if per_replica.get(pool.name, 0.0) > 0
     ]
     return min(found, default=MAX_UTILISATION)
@@ -178,8 +173,7 @@ def _two_digits(value: float) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def _pool_utilisation(
-    profile: str,
-    model_name: str,
+    profiles: Profiles | None,
     cards: int,
     *,
     prompt_tokens: float,
@@ -190,10 +184,10 @@ def _pool_utilisation(
     servers: int,
 ) -> float:
     lengths = exponential_lengths(prompt_tokens, TUNING.length_classes)
-    hardware, model = HARDWARE_PROFILES.get(profile), model_profile_for(model_name)
-    if hardware is None or model is None:
+    if profiles is None:
         service = [length / tokens_per_second for length in lengths]
     else:
+        hardware, model = profiles
         # The estimate is the profile's rate for this mean prompt times a learned speed.
         cv2 = TUNING.prompt_length_cv2
         speed = tokens_per_second / _prefill_tokens_per_second(
@@ -212,7 +206,7 @@ def _pool_utilisation(
     return pooled_utilisation(service, target_s, share, servers)
 
 
-def decode_utilisation(spec: PDDeploymentSpec, context_tokens: float, dispersion: float) -> float:
+def decode_utilisation(resolved: ResolvedSpec, context_tokens: float, dispersion: float) -> float:
     """The share of its seed capacity a decode replica may serve and still meet the ITL target
     at its percentile, for the slowest decode pool with a known profile; 1.0 without one.
 
@@ -221,26 +215,26 @@ def decode_utilisation(spec: PDDeploymentSpec, context_tokens: float, dispersion
     approximation) must stay within the target. The seed is the batch whose mean step meets
     it, so a percentile above the median leaves less room; at P50 the seed itself.
     """
-    target = spec.slo.itl
+    terms = resolved.role("decode")
     found = [
         _decode_utilisation(
-            pool.accelerator.profile or "",
-            spec.model.name,
+            *profiles,
             pool.accelerator.per_replica,
             context_tokens=_two_digits(context_tokens),
-            target_ms=target.target_milliseconds,
-            z=NormalDist().inv_cdf(PERCENTILE_SHARES[target.percentile]),
+            target_ms=terms.target.target_milliseconds,
+            z=NormalDist().inv_cdf(terms.share),
             dispersion=_two_digits(dispersion),
         )
-        for pool in spec.pools("decode")
+        for pool in resolved.spec.pools("decode")
+        if (profiles := terms.profiles[pool.name]) is not None
     ]
     return min((u for u in found if u is not None), default=1.0)
 
 
 @functools.lru_cache(maxsize=4096)
 def _decode_utilisation(
-    profile: str,
-    model_name: str,
+    hardware: HardwareProfile,
+    model: ModelProfile,
     cards: int,
     *,
     context_tokens: float,
@@ -248,9 +242,6 @@ def _decode_utilisation(
     z: float,
     dispersion: float,
 ) -> float | None:
-    hardware, model = HARDWARE_PROFILES.get(profile), model_profile_for(model_name)
-    if hardware is None or model is None:
-        return None
     coefficients = DecodeCoefficients.from_profiles(hardware, model, cards)
     most = min(
         TUNING.max_decode_batch,
@@ -285,7 +276,7 @@ def _largest(holds: Callable[[float], bool], most: float) -> float:
 
 
 def decode_context_tokens(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     ready: Mapping[str, int],
     kv_cache_usage: float | None,
     running: float | None,
@@ -302,11 +293,11 @@ def decode_context_tokens(
     if kv_cache_usage is None or running is None or running < 1:
         return None
     held = 0.0
-    for pool in spec.pools("decode"):
+    for pool in resolved.spec.pools("decode"):
         count = ready.get(pool.name, 0)
         if count == 0:
             continue
-        profiles = pool_profiles(spec, pool)
+        profiles = resolved.profiles("decode", pool.name)
         if profiles is None:
             return None
         held += count * kv_capacity_tokens(*profiles, pool.accelerator.per_replica)
@@ -315,9 +306,9 @@ def decode_context_tokens(
     return max(1.0, kv_cache_usage * held / running)
 
 
-def seed_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec) -> float | None:
+def seed_load_seconds(resolved: ResolvedSpec, role: Role, pool: PoolSpec) -> float | None:
     """Model-load time of one replica from the profiles, or None when they are unknown."""
-    profiles = pool_profiles(spec, pool)
+    profiles = resolved.profiles(role, pool.name)
     if profiles is None:
         return None
     return model_load_seconds(*profiles, pool.accelerator.per_replica)
@@ -372,16 +363,16 @@ def _per_card_fill(pools: Sequence[PoolSpec], known: dict[str, float]) -> None:
 
 
 def seeds(
-    spec: PDDeploymentSpec, role: Role, prompt_tokens: int, cached_share: float = 0.0
+    resolved: ResolvedSpec, role: Role, prompt_tokens: int, cached_share: float = 0.0
 ) -> dict[str, float]:
     """Profile seeds of a role's pools for prompts of mean length `prompt_tokens` with
     `cached_share` of their tokens in the prefix cache; empty when no pool of the role has a
     known profile."""
-    pools = spec.pools(role)
+    pools = resolved.spec.pools(role)
     known: dict[str, float] = {}
     for pool in pools:
         seed = seed_capacity(
-            spec,
+            resolved,
             role,
             pool,
             prompt_tokens,
@@ -395,7 +386,7 @@ def seeds(
 
 
 def estimate_capacity(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     role: Role,
     *,
     remembered: Mapping[str, float],
@@ -418,8 +409,8 @@ def estimate_capacity(
     as a role's first estimate. `bound_only`: what was served bounds the capacity from below
     and no more (replicas became Ready within the window), so only a reading well under the
     target teaches, and only upward."""
-    pools: Sequence[PoolSpec] = spec.pools(role)
-    known = seeds(spec, role, prompt_tokens, cached_share)
+    pools: Sequence[PoolSpec] = resolved.spec.pools(role)
+    known = seeds(resolved, role, prompt_tokens, cached_share)
     from_seeds = bool(known)
     scale = 1.0 if factor is None else factor
     if from_seeds:

@@ -1,9 +1,10 @@
 """The autoscaler's decision for one PDDeployment and one interval: one pure call.
 
 `decide(spec, observation, state, now)` is what the operator loop and the offline simulator both
-call. It runs `RULES` in order over one record of the decision in the making (`_Round`): they
-read the signals (`core.control_law`), correct each pool's capacity estimate (`core.learning`),
-turn each role's need into replicas per pool (`core.allocation`) within the free capacity
+call, with the spec resolved once per generation (`core.resolved`). It runs `RULES` in order
+over one record of the decision in the making (`_Round`): they read the signals
+(`core.control_law`), correct each pool's capacity estimate (`core.learning`), turn each
+role's need into replicas per pool (`core.allocation`) within the free capacity
 (`core.capacity`); `decide` returns the replicas with the reason, what limited them, and the
 policy's new memory. The numbers the rules are tuned by are `core.tuning`'s; the rules and
 their reasons are in docs/autoscaling.md.
@@ -52,6 +53,7 @@ from pd_operator.core.learning import (
     seed_load_seconds,
 )
 from pd_operator.core.policy_state import PolicyState, PoolMemory, RoleMemory, pool_key
+from pd_operator.core.resolved import ResolvedSpec, resolve
 from pd_operator.core.schedules import Floor, active_floors
 from pd_operator.core.seasonal import forecast
 from pd_operator.core.signals import RoleSignals
@@ -150,10 +152,16 @@ def _bound(pool: _Pool, note: str) -> None:
     pool.move(clamp(pool.spec, pool.value), "bounds", note)
 
 
-def _expected_load_seconds(spec: PDDeploymentSpec, pool: PoolSpec, memory: PoolMemory) -> float:
+def _expected_load_seconds(
+    resolved: ResolvedSpec, role: Role, pool: PoolSpec, memory: PoolMemory
+) -> float:
     """How long a new replica of the pool takes to become Ready: as measured, else the
     profiles' estimate, else TUNING.default_load_seconds."""
-    return memory.load_seconds or seed_load_seconds(spec, pool) or TUNING.default_load_seconds
+    return (
+        memory.load_seconds
+        or seed_load_seconds(resolved, role, pool)
+        or TUNING.default_load_seconds
+    )
 
 
 def _reserve(pools: list[_Pool], ledger: FreeCapacity | None) -> FreeCapacity | None:
@@ -176,7 +184,7 @@ def _mean_prompt(spec: PDDeploymentSpec, loads: dict[Role, RoleLoad], role: Role
 
 
 def _decode_context(
-    spec: PDDeploymentSpec, load: RoleLoad, pools: list["_Pool"], memory: RoleMemory
+    resolved: ResolvedSpec, load: RoleLoad, pools: list["_Pool"], memory: RoleMemory
 ) -> tuple[float | None, float | None]:
     """The moving averages of the KV tokens decode holds and of the sequences holding them
     (running, and waiting ones receiving their KV), after this decision's sample. Their ratio
@@ -185,7 +193,7 @@ def _decode_context(
     tokens, sequences = memory.kv_tokens_mean, memory.kv_sequences_mean
     held = (load.running_requests or 0.0) + (load.waiting_requests or 0.0)
     context = decode_context_tokens(
-        spec, {p.spec.name: p.seen.ready for p in pools}, load.kv_cache_usage, held or None
+        resolved, {p.spec.name: p.seen.ready for p in pools}, load.kv_cache_usage, held or None
     )
     if context is None:
         return tokens, sequences
@@ -196,7 +204,7 @@ def _decode_context(
 
 
 def _utilisation(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     role: Role,
     capacity: RoleCapacity,
     prompt: float,
@@ -216,7 +224,7 @@ def _utilisation(
     if role == "decode":
         # A bursty batch swings past the mean: the fixed margins are the most decode may use,
         # less when the batch at the ITL percentile would breach the target.
-        room = decode_utilisation(spec, prompt, memory.batch_dispersion())
+        room = decode_utilisation(resolved, prompt, memory.batch_dispersion())
         grow_at = min(TUNING.target_utilisation, room)
         return grow_at, grow_at * TUNING.scale_down_utilisation / TUNING.target_utilisation
     replicas = sum(s.placeable for s in slots)
@@ -228,7 +236,9 @@ def _utilisation(
         return max(
             TUNING.target_utilisation,
             TUNING.prefill_grow_share
-            * prefill_utilisation(spec, per_replica, prompt, servers, cached_share=cached_share),
+            * prefill_utilisation(
+                resolved, per_replica, prompt, servers, cached_share=cached_share
+            ),
         )
 
     grow_at = grow_share(replicas)
@@ -246,7 +256,7 @@ def _utilisation(
             grow_at,
         )
     shrink_at = TUNING.prefill_shrink_share * prefill_utilisation(
-        spec, per_replica, prompt, replicas - 1, cached_share=cached_share
+        resolved, per_replica, prompt, replicas - 1, cached_share=cached_share
     )
     # A replica shed takes its prefix cache with it: the prefixes it held (its 1/N share, as
     # the router spreads them) come back cold to the replicas left until each is computed
@@ -254,7 +264,9 @@ def _utilisation(
     # cache's help at all, a 90 rps chat load held a second replica all hour at 0.04x the
     # TTFT target.) Growing counts on the whole share: a new replica destroys no cache.
     kept_share = cached_share * (replicas - 1) / replicas if replicas > 1 else 0.0
-    cold = cache_speedup(spec, prompt, cached_share) / cache_speedup(spec, prompt, kept_share)
+    cold = cache_speedup(resolved, prompt, cached_share) / cache_speedup(
+        resolved, prompt, kept_share
+    )
     return grow_at, max(TUNING.scale_down_utilisation, shrink_at) / cold
 
 
@@ -270,7 +282,7 @@ def _capacity_of(slots: list[Slot], replicas: int) -> float:
 
 
 def _capacity(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     role: Role,
     *,
     state: PolicyState,
@@ -290,14 +302,14 @@ def _capacity(
     # each served at least the window's rate per replica Ready now: a lower bound, which a
     # latency well under the target lets raise the estimate (else the growth sized on an
     # estimate that low adds a replica that the next settled window sheds).
-    window = settle_seconds(spec, role, loads)
+    window = settle_seconds(resolved.spec, role, loads)
     settled = all(p.window_ready(now, window)[1] for p in pools)
     arrived_only = not settled and not any(p.left_within(now, window) for p in pools)
     # A futile breach says nothing about capacity: replicas were not what it lacked.
     active = load.status == "active" and (settled or arrived_only) and not load.futile
     memory = state.role(role)
     return estimate_capacity(
-        spec,
+        resolved,
         role,
         remembered=remembered,
         basis=memory.capacity_basis,
@@ -486,7 +498,7 @@ def _stabilized(spec: PDDeploymentSpec, pool: _Pool, steady: bool, now: float) -
 
 
 def _seasonal_floors(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     pools: list[_Pool],
     load: RoleLoad,
     signals: RoleSignals | None,
@@ -497,10 +509,11 @@ def _seasonal_floors(
 ) -> None:
     """Hold the role's pools at the replicas the seasonal forecast needs (`core.seasonal`),
     filled in the pools' order of preference: a raised min, as a schedule's floor is."""
+    spec = resolved.spec
     seasonal = spec.scaling.seasonal
     if seasonal is None or signals is None or not signals.seasons or capacity.basis is None:
         return  # no history, or no capacity estimate to turn tokens/s into replicas
-    lead = max(_expected_load_seconds(spec, p.spec, p.memory) for p in pools)
+    lead = max(_expected_load_seconds(resolved, p.role, p.spec, p.memory) for p in pools)
     today = {"active": load.served_tokens_per_second, "idle": 0.0}.get(load.status)
     expected = forecast(signals.seasons, lead + spec.scaling.interval_seconds, today)
     if expected is None or expected.tokens_per_second <= 0:
@@ -508,7 +521,7 @@ def _seasonal_floors(
     slots = [p.slot() for p in pools]
     role, demand = pools[0].role, expected.tokens_per_second
     grow_at, _ = _utilisation(
-        spec, role, capacity, prompt, slots, memory=memory, load=load, demand=demand
+        resolved, role, capacity, prompt, slots, memory=memory, load=load, demand=demand
     )
     needed = demand / grow_at
     for pool in pools:
@@ -525,7 +538,7 @@ def _seasonal_floors(
 
 
 def _decide_role(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     pools: list[_Pool],
     load: RoleLoad,
     *,
@@ -553,7 +566,7 @@ def _decide_role(
     else:
         # The latency was produced by the replicas Ready over the window: ones that became Ready
         # within it have not shown their effect yet.
-        window = spec.slo.window_seconds
+        window = resolved.spec.slo.window_seconds
         ready = sum(min(p.window_ready(now, window)[0], p.placeable) * p.weight for p in pools)
         placeable = sum(s.placeable * s.weight for s in slots)
         need = role_need(
@@ -563,7 +576,7 @@ def _decide_role(
             placeable,
             one_less(slots),
             utilisation=_utilisation(
-                spec, pools[0].role, capacity, prompt, slots, memory=memory, load=load
+                resolved, pools[0].role, capacity, prompt, slots, memory=memory, load=load
             ),
         )
         if need.grow_to is not None:
@@ -578,7 +591,7 @@ def _decide_role(
         if need.awaiting_arrivals:
             limits = {p.spec.name: "warmup" for p in pools}
     warming, decode_short = gates
-    scaling = spec.scaling
+    scaling = resolved.spec.scaling
     for pool in pools:
         pool.raw = clamp(pool.spec, raw[pool.spec.name])
         pool.value, pool.limited_by = pool.raw, limits.get(pool.spec.name, "none")
@@ -587,7 +600,7 @@ def _decide_role(
         elif pool.floor is not None and raw[pool.spec.name] < pool.raw:
             pool.limited_by = pool.floor.limit
             pool.notes.append(pool.floor.note)
-        pool.move(_stabilized(spec, pool, steady, now), "rate", "stabilization window")
+        pool.move(_stabilized(resolved.spec, pool, steady, now), "rate", "stabilization window")
         up, down = scaling.scale_up.step(pool.current), scaling.scale_down.step(pool.current)
         pool.move(step_limit(pool.current, pool.value, up, down), "rate", "step limit")
         if warming and pool.value > pool.current:
@@ -639,11 +652,11 @@ def _apply_ratio(
     return f"prefill:decode {percent:.0f}% outside [{guard.min_percent}, {guard.max_percent}]%"
 
 
-def _warm_up(spec: PDDeploymentSpec, pool: _Pool, now: float) -> PoolMemory:
+def _warm_up(resolved: ResolvedSpec, pool: _Pool, now: float) -> PoolMemory:
     """The pool's warm-up memory after this decision; learns the load time when it can."""
     memory = pool.memory
     if pool.value > pool.current:
-        expected = _expected_load_seconds(spec, pool.spec, memory)
+        expected = _expected_load_seconds(resolved, pool.role, pool.spec, memory)
         return PoolMemory(
             load_seconds=memory.load_seconds,
             scaled_up_at=now,
@@ -663,7 +676,7 @@ def _warm_up(spec: PDDeploymentSpec, pool: _Pool, now: float) -> PoolMemory:
 
 
 def _shed_memory(
-    spec: PDDeploymentSpec, pool: _Pool, now: float
+    resolved: ResolvedSpec, pool: _Pool, now: float
 ) -> tuple[float | None, float | None]:
     """(When the pool last shed a replica, if not judged yet; how long a steady load must last
     before it may shed the next.) A shed is judged one load time and an interval after it: if
@@ -674,7 +687,8 @@ def _shed_memory(
     memory = pool.memory
     shed_at, wait = memory.shed_at, memory.shed_wait
     if shed_at is not None:
-        load = _expected_load_seconds(spec, pool.spec, memory)
+        load = _expected_load_seconds(resolved, pool.role, pool.spec, memory)
+        spec = resolved.spec
         scale_down = spec.scaling.scale_down
         if pool.value > pool.current:
             wait = min(
@@ -700,9 +714,9 @@ def _remember(r: "_Round") -> PolicyState:
     for role in ROLES:
         load, capacity, old = loads[role], capacities[role], state.role(role)
         for pool in work[role]:
-            shed_at, shed_wait = _shed_memory(spec, pool, now)
+            shed_at, shed_wait = _shed_memory(r.resolved, pool, now)
             pools[pool_key(role, pool.spec.name)] = replace(
-                _warm_up(spec, pool, now),
+                _warm_up(r.resolved, pool, now),
                 recommendations=record(
                     pool.memory.recommendations, now, pool.raw, max(keep, shed_wait or 0.0)
                 ),
@@ -814,7 +828,7 @@ def _role_words(
 class _Round:
     """One decision in the making: what the rules of `decide` read, and what each adds."""
 
-    spec: PDDeploymentSpec
+    resolved: ResolvedSpec
     observation: Observation
     state: PolicyState
     now: float
@@ -830,14 +844,20 @@ class _Round:
     recents: dict[Role, tuple[Sample, ...]] = field(default_factory=dict)
     ratio_note: str = ""
 
+    @property
+    def spec(self) -> PDDeploymentSpec:
+        return self.resolved.spec
+
 
 def _hold_schedule_floors(r: _Round) -> None:
     """Schedules raise a pool's min while their window is open (or about to be)."""
-    spec, state = r.spec, r.state
+    resolved, state = r.resolved, r.state
     floors = active_floors(
-        spec,
+        r.spec,
         r.wall_clock,
-        lambda role, pool: _expected_load_seconds(spec, pool, state.pool(role, pool.name)),
+        lambda role, pool: _expected_load_seconds(
+            resolved, role, pool, state.pool(role, pool.name)
+        ),
     )
     for role in ROLES:
         for pool in r.work[role]:
@@ -855,14 +875,14 @@ def _reserve_room(r: _Round) -> None:
 def _read_loads(r: _Round) -> None:
     """Each role's load from its signals, with the capacity still arriving and the breaches
     that more replicas did not lower."""
-    spec, state, now = r.spec, r.state, r.now
+    state, now = r.state, r.now
     r.loads = {
         role: read_load(
-            spec, role, r.observation.signals.get(role), now, state.role(role).stuck_since
+            r.resolved, role, r.observation.signals.get(role), now, state.role(role).stuck_since
         )
         for role in ROLES
     }
-    r.settle = {role: settle_seconds(spec, role, r.loads) for role in ROLES}
+    r.settle = {role: settle_seconds(r.spec, role, r.loads) for role in ROLES}
     for role in ROLES:
         load = _arriving_capacity(r.loads[role], r.work[role], now, r.settle[role])
         r.futility[role] = _futility(r.work[role], load, state.role(role), now, r.settle[role])
@@ -877,7 +897,7 @@ def _size_requests(r: _Round) -> None:
     running sequence holds (from the KV cache) for decode."""
     r.prompts = {role: _mean_prompt(r.spec, r.loads, role) for role in ROLES}
     decode = r.state.role("decode")
-    r.kv_means = _decode_context(r.spec, r.loads["decode"], r.work["decode"], decode)
+    r.kv_means = _decode_context(r.resolved, r.loads["decode"], r.work["decode"], decode)
     context = replace(
         decode, kv_tokens_mean=r.kv_means[0], kv_sequences_mean=r.kv_means[1]
     ).context_tokens()
@@ -889,7 +909,7 @@ def _estimate_capacity(r: _Round) -> None:
     """Each pool's capacity per replica, learned from what the role served."""
     r.capacities = {
         role: _capacity(
-            r.spec,
+            r.resolved,
             role,
             state=r.state,
             loads=r.loads,
@@ -910,7 +930,7 @@ def _hold_seasonal_floors(r: _Round) -> None:
         return
     for role in ROLES:
         _seasonal_floors(
-            r.spec,
+            r.resolved,
             r.work[role],
             r.loads[role],
             r.observation.signals.get(role),
@@ -932,7 +952,7 @@ def _size_roles(r: _Round) -> None:
             decode_short if role == "prefill" else None,
         )
         r.ledger, short = _decide_role(
-            spec,
+            r.resolved,
             r.work[role],
             r.loads[role],
             capacity=r.capacities[role],
@@ -1000,7 +1020,7 @@ def _decision(r: _Round, memory: PolicyState) -> Decision:
 
 
 def decide(
-    spec: PDDeploymentSpec,
+    spec: ResolvedSpec | PDDeploymentSpec,
     observation: Observation,
     state: PolicyState,
     now: float,
@@ -1010,12 +1030,16 @@ def decide(
     """Desired replicas of every pool for this interval; None when scaling is Disabled or
     External (each role's PDPool decides, `core.external`).
 
-    Advisory decides exactly as Active: the caller records the decision and does not apply it.
-    `wall_clock` is the Unix time the schedules read; None: `now`, which is the operator's
-    (the simulator's `now` is replay seconds, the clock of its signals).
+    `spec` as `core.resolved.resolve` made it once per generation; a bare spec is resolved on
+    the spot (tests, one-off callers). Advisory decides exactly as Active: the caller records
+    the decision and does not apply it. `wall_clock` is the Unix time the schedules read;
+    None: `now`, which is the operator's (the simulator's `now` is replay seconds, the clock
+    of its signals).
     """
-    if spec.scaling.mode in ("Disabled", "External"):
+    plain = spec.spec if isinstance(spec, ResolvedSpec) else spec
+    if plain.scaling.mode in ("Disabled", "External"):
         return None
+    resolved = spec if isinstance(spec, ResolvedSpec) else resolve(spec)
     work = {
         role: [
             _Pool(
@@ -1024,11 +1048,11 @@ def decide(
                 observation.pools.get((role, pool.name), PoolObservation(pool.replicas.min)),
                 state.pool(role, pool.name),
             )
-            for pool in spec.pools(role)
+            for pool in plain.pools(role)
         ]
         for role in ROLES
     }
-    r = _Round(spec, observation, state, now, now if wall_clock is None else wall_clock, work)
+    r = _Round(resolved, observation, state, now, now if wall_clock is None else wall_clock, work)
     for rule in RULES:
         rule(r)
     return _decision(r, _remember(r))

@@ -1,33 +1,18 @@
 """The profiles a PDDeployment names: its model's, and each pool's accelerator's.
 
-One lookup for every rule that seeds from the performance model (`core.learning`), and the
-list of profile names that match none, which the operator reports (a condition and an event)
-instead of silently learning online.
+The model's lookup by name, which `core.resolved` runs once per generation for the rules that
+seed from the performance model (`core.learning`), and the list of profile names that match
+none, which the operator reports (a condition and an event) instead of silently learning
+online.
 """
 
-from pd_operator.api.spec import PDDeploymentSpec, PoolSpec
-from pd_operator.core.hardware import (
-    HARDWARE_PROFILES,
-    MODEL_PROFILES,
-    HardwareProfile,
-    ModelProfile,
-)
+from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.core.hardware import HARDWARE_PROFILES, MODEL_PROFILES, ModelProfile
 
 
 def model_profile_for(model_name: str) -> ModelProfile | None:
     """The model profile whose name is the model's last path component, case-insensitively."""
     return MODEL_PROFILES.get(model_name.rstrip("/").rsplit("/", 1)[-1].lower())
-
-
-def pool_profiles(
-    spec: PDDeploymentSpec, pool: PoolSpec
-) -> tuple[HardwareProfile, ModelProfile] | None:
-    """The pool's card and the model, when both have a profile; None: learn online."""
-    hardware = HARDWARE_PROFILES.get(pool.accelerator.profile or "")
-    model = model_profile_for(spec.model.name)
-    if hardware is None or model is None:
-        return None
-    return hardware, model
 
 
 def unknown_profiles(spec: PDDeploymentSpec) -> list[str]:

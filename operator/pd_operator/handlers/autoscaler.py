@@ -41,6 +41,7 @@ from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, pool_observations
+from pd_operator.core.resolved import ResolvedSpec, resolve
 from pd_operator.core.scaling_view import (
     damp_churn,
     finish_scales,
@@ -61,6 +62,9 @@ class Tracked:
 
     version: tuple[str, int]  # (uid, generation) of the spec parsed
     pdd: PDDeployment | None  # None: invalid, the reconciler reports it
+    # pdd's spec resolved with it (None with it): the profiles and SLO terms every decision
+    # reads, looked up once per generation.
+    resolved: ResolvedSpec | None
     # The rest is forgotten when the object stops being scaled.
     state: PolicyState | None = None  # the policy's memory after the last decision
     last_run: float = 0.0
@@ -71,7 +75,7 @@ class Tracked:
     exported_pools: set[PoolKey] = field(default_factory=set)  # the pools with series exported
 
 
-Due = tuple[Tracked, PDDeployment, Snapshot]
+Due = tuple[Tracked, PDDeployment, ResolvedSpec, Snapshot]
 
 
 def _remembered(key: ObjectKey, snapshot: Snapshot) -> PolicyState:
@@ -191,7 +195,7 @@ class Autoscaler:
             self._drop_deleted(set(keys))
         for key in keys:
             record = self._track(key)
-            if record is None or record.pdd is None:
+            if record is None or record.pdd is None or record.resolved is None:
                 continue  # gone, or invalid: the reconciler reports it
             pdd = record.pdd
             scaling = pdd.spec.scaling
@@ -203,12 +207,12 @@ class Autoscaler:
             # Only a due object's children, pods and nodes are copied: the loop runs every tick.
             snapshot = self.cache.snapshot(key)
             if snapshot is not None:
-                due[key] = (record, pdd, snapshot)
+                due[key] = (record, pdd, record.resolved, snapshot)
         if not due:
             return 0
         capacity = free_capacity(self.cache.nodes(), self.cache.all_pods())
         reads = self.source.read(
-            [(key, pdd) for key, (_, pdd, _) in due.items()], now, set(self.cache.pdd_keys())
+            [(key, pdd) for key, (_, pdd, _, _) in due.items()], now, set(self.cache.pdd_keys())
         )
         for batch, signals in reads:
             changed = [
@@ -224,8 +228,9 @@ class Autoscaler:
         return len(due)
 
     def _track(self, key: ObjectKey) -> Tracked | None:
-        """The object's record (None: it is gone), its spec parsed again only when it changed
-        (a new generation): validation is most of a cycle's CPU when hundreds are due."""
+        """The object's record (None: it is gone), its spec parsed and resolved again only when
+        it changed (a new generation): validation is most of a cycle's CPU when hundreds are
+        due."""
         body = self.cache.pdd(key)
         if body is None:
             return None
@@ -238,11 +243,12 @@ class Autoscaler:
             pdd: PDDeployment | None = parse_pddeployment(dict(body))
         except InvalidSpecError:
             pdd = None
+        resolved = None if pdd is None else resolve(pdd.spec)
         if record is not None:
-            record.version, record.pdd = version, pdd
+            record.version, record.pdd, record.resolved = version, pdd, resolved
             return record
         with self._lock:
-            record = self._records[key] = Tracked(version, pdd)
+            record = self._records[key] = Tracked(version, pdd, resolved)
         return record
 
     def _decide(
@@ -250,6 +256,7 @@ class Autoscaler:
         key: ObjectKey,
         record: Tracked,
         pdd: PDDeployment,
+        resolved: ResolvedSpec,
         snapshot: Snapshot,
         *,
         signals: Mapping[RoleKey, RoleSignals],
@@ -263,7 +270,7 @@ class Autoscaler:
             capacity=capacity,
         )
         state = record.state or _remembered(key, snapshot)
-        decision = decide(pdd.spec, observation, state, now)
+        decision = decide(resolved, observation, state, now)
         if decision is None:
             return False
         return self._record(
@@ -359,7 +366,7 @@ class Autoscaler:
     def _forget(self, key: ObjectKey, record: Tracked) -> None:
         """Forget what was decided for an object no longer scaled (its parsed spec is kept)."""
         with self._lock:
-            self._records[key] = Tracked(record.version, record.pdd)
+            self._records[key] = Tracked(record.version, record.pdd, record.resolved)
         exporter.remove_object(key, record.exported_pools)
 
 

@@ -20,6 +20,7 @@ from pd_operator.core.decision import Observation
 from pd_operator.core.learning import seed_capacity
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.resolved import ResolvedSpec
 from pd_operator.core.seasonal import HORIZON_SECONDS, season_starts, seasons_from_history
 from pd_operator.core.signals import LATENCY_NAMES
 from pd_tools.replay.offline_metrics import WindowStats
@@ -51,12 +52,16 @@ class View:
     """Everything a policy may read at one decision."""
 
     now: float
-    spec: PDDeploymentSpec
+    resolved: ResolvedSpec  # the run's spec, resolved once per run (`core.resolved`)
     observation: Observation  # exactly what the operator would pass to `decide`
     stats: Mapping[Role, WindowStats]
     frontend: Frontend
     replicas: Mapping[PoolKey, int]  # what each pool asks for now
     room: Mapping[PoolKey, int]  # most replicas each pool could have (bounds and nodes)
+
+    @property
+    def spec(self) -> PDDeploymentSpec:
+        return self.resolved.spec
 
 
 class Policy(Protocol):
@@ -76,17 +81,17 @@ def demand_tokens(frontend: Frontend, role: Role) -> float:
     return frontend.rate_rps * frontend.mean_output_tokens
 
 
-def per_replica(spec: PDDeploymentSpec, role: Role, pool: PoolSpec, prompt_tokens: float) -> float:
+def per_replica(resolved: ResolvedSpec, role: Role, pool: PoolSpec, prompt_tokens: float) -> float:
     """Tokens/s one replica serves within the SLO, from the profiles (Dynamo's offline profile)."""
     prompt = max(1, round(prompt_tokens))
-    value = seed_capacity(spec, role, pool, prompt)
+    value = seed_capacity(resolved, role, pool, prompt)
     if value is None or value <= 0:
         raise ValueError(f"pool {role}/{pool.name} needs a known hardware and model profile")
     return value
 
 
 def fill(
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     role: Role,
     demand: float,
     prompt_tokens: float,
@@ -97,10 +102,10 @@ def fill(
     """Replicas per pool for `demand` tokens/s, pools filled in preference order."""
     left = demand / utilisation
     out: dict[PoolKey, int] = {}
-    for pool in spec.pools(role):
+    for pool in resolved.spec.pools(role):
         key = (role, pool.name)
         most = room.get(key, pool.replicas.max)
-        each = per_replica(spec, role, pool, prompt_tokens)
+        each = per_replica(resolved, role, pool, prompt_tokens)
         n = max(pool.replicas.min, min(most, math.ceil(max(0.0, left) / each - 1e-9)))
         out[key] = n
         left -= n * each
@@ -135,7 +140,7 @@ class OperatorPolicy:
             )
             observation = self._with_seasons(view, [start - self.clock_s for start in wall])
         decision = decide(
-            view.spec, observation, self.state, view.now, wall_clock=self.clock_s + view.now
+            view.resolved, observation, self.state, view.now, wall_clock=self.clock_s + view.now
         )
         if decision is None:
             self.reason = "scaling is Disabled"
@@ -261,7 +266,7 @@ def _hpa_ratio(view: View, role: Role, pool: PoolSpec, ready_total: int) -> floa
         return None
     prompt = view.frontend.mean_input_tokens or 1.0
     ttft_s = view.spec.slo.ttft.target_milliseconds / 1000
-    per_pod = UTILISATION * per_replica(view.spec, role, pool, prompt) * ttft_s / prompt
+    per_pod = UTILISATION * per_replica(view.resolved, role, pool, prompt) * ttft_s / prompt
     return (waiting + running) / ready_total / max(per_pod, 1.0)
 
 
@@ -316,7 +321,7 @@ class DynamoSLA:
                 # Dynamo sizes at the profile's capacity at the SLO, without a headroom margin.
                 out.update(
                     fill(
-                        view.spec,
+                        view.resolved,
                         role,
                         demand_tokens(predicted, role),
                         prompt,
@@ -447,12 +452,12 @@ class Arrivals:
         )
 
 
-def hindsight_demand(spec: PDDeploymentSpec, frontend: Frontend, role: Role) -> float:
+def hindsight_demand(resolved: ResolvedSpec, frontend: Frontend, role: Role) -> float:
     """Tokens/s to size a role for, using the per-prompt prefill work when it is known."""
     if role == "prefill" and frontend.prefill_busy is not None:
-        first = spec.pools("prefill")[0]
+        first = resolved.spec.pools("prefill")[0]
         return frontend.prefill_busy * per_replica(
-            spec, "prefill", first, frontend.mean_input_tokens or 1
+            resolved, "prefill", first, frontend.mean_input_tokens or 1
         )
     return demand_tokens(frontend, role)
 

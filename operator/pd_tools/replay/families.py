@@ -36,6 +36,7 @@ from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.hardware import HARDWARE_PROFILES, MODEL_PROFILES, ModelProfile
 from pd_operator.core.learning import seed_capacity
+from pd_operator.core.resolved import resolve
 from pd_tools.replay.example import example_document
 from pd_tools.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
@@ -475,10 +476,15 @@ def replicas_needed(
         ("prefill", prompt, peak_rps * prompt),
         ("decode", prompt + answer / 2, peak_rps * answer),
     )
+    resolved = resolve(spec)
     for role, context, demand in roles:
         pool = spec.pools(role)[0]
         each = seed_capacity(
-            spec, role, pool, max(1, round(context)), cached_share=reuse if role == "prefill" else 0
+            resolved,
+            role,
+            pool,
+            max(1, round(context)),
+            cached_share=reuse if role == "prefill" else 0,
         )
         if not each:
             raise ValueError(f"{deployment.name}: no {role} capacity at {context:.0f} tokens")

@@ -23,6 +23,7 @@ from pathlib import Path
 from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import ModelProfile
+from pd_operator.core.resolved import ResolvedSpec, resolve
 from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, RequestRecord, Routing
 from pd_tools.replay import baselines
 from pd_tools.replay.baselines import (
@@ -90,7 +91,7 @@ class Timing:
 
 
 def peak_replicas(
-    spec: PDDeploymentSpec, arrivals: Arrivals, room: Mapping[PoolKey, int]
+    resolved: ResolvedSpec, arrivals: Arrivals, room: Mapping[PoolKey, int]
 ) -> dict[PoolKey, int]:
     """Replicas for the busiest minute of the trace, each role on its own busiest minute."""
     end = arrivals.times[-1] if arrivals.times else 0.0
@@ -101,17 +102,17 @@ def peak_replicas(
             frontend = arrivals.between(k * PEAK_WINDOW_S, (k + 1) * PEAK_WINDOW_S)
             if frontend.rate_rps <= 0:
                 continue
-            demand = hindsight_demand(spec, frontend, role)
-            sized = fill(spec, role, demand, frontend.mean_input_tokens, room)
+            demand = hindsight_demand(resolved, frontend, role)
+            sized = fill(resolved, role, demand, frontend.mean_input_tokens, room)
             if sum(sized.values()) > sum(best.values()):
                 best = sized
-        out.update(best or {(role, p.name): p.replicas.min for p in spec.pools(role)})
+        out.update(best or {(role, p.name): p.replicas.min for p in resolved.spec.pools(role)})
     return out
 
 
 def make_policy(
     name: str,
-    spec: PDDeploymentSpec,
+    resolved: ResolvedSpec,
     arrivals: Arrivals,
     room: Mapping[PoolKey, int],
     timing: Timing,
@@ -127,10 +128,10 @@ def make_policy(
     check_policy_name(name)
     base, _, option = name.partition(":")
     if base == "pd-operator":
-        interval = timing.decision_interval_s or float(spec.scaling.interval_seconds)
+        interval = timing.decision_interval_s or float(resolved.spec.scaling.interval_seconds)
         return baselines.OperatorPolicy(interval_s=interval, clock_s=timing.clock_s)
     if base == "static-peak":
-        return baselines.StaticPeak(peak_replicas(spec, arrivals, room))
+        return baselines.StaticPeak(peak_replicas(resolved, arrivals, room))
     if base == "hpa":
         return baselines.HPA()
     if base == "dynamo-sla":
@@ -181,7 +182,7 @@ def _prefill_work(replica: ReplicaSpec) -> Callable[[Request], float]:
 
 
 def _initial(
-    policy: Policy, spec: PDDeploymentSpec, arrivals: Arrivals, room: Mapping[PoolKey, int]
+    policy: Policy, resolved: ResolvedSpec, arrivals: Arrivals, room: Mapping[PoolKey, int]
 ) -> dict[PoolKey, int]:
     if isinstance(policy, baselines.StaticPeak):
         return dict(policy.replicas)
@@ -193,7 +194,13 @@ def _initial(
     out: dict[PoolKey, int] = {}
     for role in ROLES:
         out.update(
-            fill(spec, role, demand_tokens(frontend, role), frontend.mean_input_tokens or 1, room)
+            fill(
+                resolved,
+                role,
+                demand_tokens(frontend, role),
+                frontend.mean_input_tokens or 1,
+                room,
+            )
         )
     return out
 
@@ -264,12 +271,13 @@ def simulate(
     fleet = Fleet(spec, model, cluster, timing.load_seconds)
     arrivals, measured, first_measured = _arrivals(spec, fleet, requests, warmup_s)
     feasible = feasibility(spec, idle_latencies(spec, requests, model))
+    resolved = resolve(spec)  # once per run: every decision reads it
     chosen = (
         policy
         if not isinstance(policy, str)
         else make_policy(
             policy,
-            spec,
+            resolved,
             measured,
             fleet.room(),
             timing,
@@ -303,7 +311,7 @@ def simulate(
         MIN_SCRAPES_PER_WINDOW * timing.scrape_interval_s,
     )
     engine = PDEngine(requests, model=model, routing=routing)
-    fleet.apply(engine, _initial(chosen, spec, arrivals, fleet.room()), warm_up=False)
+    fleet.apply(engine, _initial(chosen, resolved, arrivals, fleet.room()), warm_up=False)
     last_arrival = arrivals.times[-1] if arrivals.times else 0.0
     scrapes: list[Scrape] = []
     card_seconds: dict[str, float] = {}
@@ -332,7 +340,7 @@ def simulate(
             next_decision += chosen.interval_s
             view = View(
                 now=now,
-                spec=spec,
+                resolved=resolved,
                 observation=fleet.observation(engine, role_signals(spec, scrapes, now, window)),
                 stats=window_stats(scrapes, now, window),
                 frontend=arrivals.between(max(0.0, now - window), now),
@@ -343,8 +351,7 @@ def simulate(
             actions += changed if now >= warmup_s else 0
         if progress:
             progress(Progress(chosen.name, now, last_arrival, len(records), len(requests)))
-        past_end = now >= last_arrival
-        if past_end and (engine.active_requests == 0 and len(records) >= len(requests)):
+        if now >= last_arrival and engine.active_requests == 0 and len(records) >= len(requests):
             break
         if now >= last_arrival + timing.drain_s:
             break
