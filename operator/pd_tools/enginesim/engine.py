@@ -354,6 +354,16 @@ class Instance(ABC):
     def idle(self) -> bool:
         return self.waiting == 0 and self.running == 0
 
+    def in_flight(self) -> list[tuple["_Req", int]]:
+        """The requests running here now, each with the tokens of its work still ahead here
+        (prompt tokens on prefill, output tokens to come on decode): what a replica removed now
+        would hold on to, or cut when its drain runs out."""
+        return []
+
+    def done_with(self, req: "_Req") -> float:
+        """When a request running here ends its work here (NaN: not yet)."""
+        return req.finish_s
+
 
 class _Prefill(Instance):
     def __init__(
@@ -373,6 +383,12 @@ class _Prefill(Instance):
     @property
     def running(self) -> int:
         return len(self.batch)
+
+    def done_with(self, req: "_Req") -> float:
+        return req.prefill_end_s  # then its KV cache is handed off to decode
+
+    def in_flight(self) -> list[tuple["_Req", int]]:
+        return [(req, req.input_tokens) for req in self.batch]  # prompt tokens being prefilled
 
     @property
     def kv_usage(self) -> float:
@@ -416,6 +432,9 @@ class _Decode(Instance):
     @property
     def running(self) -> int:
         return len(self.finishes)
+
+    def in_flight(self) -> list[tuple["_Req", int]]:
+        return [(req, max(0, step - self.steps)) for step, _, req in self.finishes]
 
     @property
     def kv_usage(self) -> float:

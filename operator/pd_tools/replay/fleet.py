@@ -5,10 +5,11 @@ node's cards at once (best fit) or stay pending when none fits, removed ones dra
 cards come back; it reports the replicas, the room left and the `Observation` a policy reads.
 """
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.capacity import PODS, FreeCapacity, NodeRoom
@@ -16,12 +17,16 @@ from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation, PoolObservation
 from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
 from pd_operator.core.observe import NodeSummary
-from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, State
+from pd_tools.enginesim.engine import Instance, PDEngine, ReplicaSpec, State
 from pd_tools.enginesim.engine import Role as EngineRole
 from pd_tools.replay.baselines import ROLES
 from pd_tools.replay.cluster import Cluster, accelerator_profile
 
 PODS_PER_NODE = 110  # the kubelet's default pod limit
+
+# Which Ready replica a scale-down removes: the ReplicaSet's default (the most recently started),
+# or the one with the least work, as pd-operator marks it (`core.removal`).
+RemovalOrder = Literal["replicaset", "least-work"]
 
 
 @dataclass
@@ -30,14 +35,51 @@ class _Replica:
     node: int
 
 
+@dataclass
+class RemovalCost:
+    """What the replicas a run removed were doing when they went."""
+
+    replicas: int = 0  # Ready replicas removed
+    streams: int = 0  # decode: sequences running on them then
+    tokens: int = 0  # decode: the output tokens those had still to produce
+    cut: int = 0  # decode: streams still running when the drain ran out (a real engine stops)
+    cut_tokens: int = 0  # decode: their output tokens still to come at the removal
+    held: int = 0  # prompts being prefilled, and requests waiting (sent elsewhere, delayed)
+    drain_card_seconds: float = 0.0  # cards held by removed replicas until idle (or the limit)
+    # Per draining replica: when it went, its cards, and the instance with what it ran then.
+    draining: dict[str, tuple[float, int, Any, list[tuple[Any, int]]]] = field(default_factory=dict)
+
+    def row(self) -> dict[str, float]:
+        return {
+            "replicas removed": self.replicas,
+            "decode streams in flight": self.streams,
+            "their tokens to come": self.tokens,
+            "streams cut by the drain limit": self.cut,
+            "tokens cut": self.cut_tokens,
+            "requests held or re-routed": self.held,
+            "drain card-seconds": round(self.drain_card_seconds, 1),
+        }
+
+
 class Fleet:
     """Replicas per pool on the nodes, in the engine; pending ones wait for room."""
 
     def __init__(
-        self, spec: PDDeploymentSpec, model: ModelProfile, cluster: Cluster, load_s: float | None
+        self,
+        spec: PDDeploymentSpec,
+        model: ModelProfile,
+        cluster: Cluster,
+        load_s: float | None,
+        *,
+        removal: RemovalOrder = "replicaset",
+        count_removals_from_s: float = 0.0,
     ) -> None:
         self.spec = spec
         self.load_s = load_s
+        self.removal = removal
+        self.removed = RemovalCost()
+        self.count_removals_from_s = count_removals_from_s  # not before: a warm-up
+        self.drain_s = float(spec.termination.drain_seconds)
         self.pools = {(r, p.name): p for r in ROLES for p in spec.pools(r)}
         self.replica_spec = {
             key: ReplicaSpec.from_profiles(
@@ -123,14 +165,56 @@ class Fleet:
         self.pending[key] -= dropped
         count -= dropped
         # A ReplicaSet scales down not-ready pods first, then the most recently started (the
-        # older ones keep their warm prefix caches). `live` is in placement order.
+        # older ones keep their warm prefix caches); pd-operator's mark puts the Ready ones
+        # with the least work first (ties: the most recent). `live` is in placement order.
         live = self.live[key]
         ranked = sorted(reversed(live), key=lambda r: engine.instance(r.name).state is State.READY)
+        if self.removal == "least-work":
+            ranked = sorted(ranked, key=lambda r: self._work(engine.instance(r.name)))
         gone = ranked[:count]
         for replica in gone:
+            self._note_removal(engine, replica.name, self.pools[key].accelerator.per_replica)
             engine.remove_instance(replica.name)
             self.draining.append(replica)
         self.live[key] = [r for r in live if r not in gone]
+
+    def _work(self, instance: Instance) -> tuple[bool, int]:
+        """A replica's place in pd-operator's removal order: not Ready first, then least work
+        (`core.removal.WORK_GAUGES`: running sequences on decode, queue and batch on prefill)."""
+        work = instance.running + (instance.waiting if instance.role is EngineRole.PREFILL else 0)
+        return instance.state is State.READY, work
+
+    def _note_removal(self, engine: PDEngine, name: str, cards: int) -> None:
+        instance = engine.instance(name)
+        if instance.state is not State.READY or engine.now_s < self.count_removals_from_s:
+            return
+        running = instance.in_flight()
+        cost = self.removed
+        cost.replicas += 1
+        cost.held += instance.waiting
+        if instance.role is EngineRole.DECODE:
+            cost.streams += len(running)
+            cost.tokens += sum(tokens for _, tokens in running)
+        else:  # a prompt being prefilled finishes there, then its KV cache is handed off
+            cost.held += len(running)
+        cost.draining[name] = (engine.now_s, cards, instance, running)
+
+    def _note_drained(self, name: str, now: float) -> None:
+        went = self.removed.draining.pop(name, None)
+        if went is None:
+            return
+        since, cards, instance, running = went
+        deadline = since + self.drain_s
+        # It drains until the last request it ran ends there (an idle one goes at once), at
+        # most the limit.
+        ends = [instance.done_with(req) for req, _ in running]
+        ends = [now if math.isnan(end) else end for end in ends]
+        drained = min(max([since, *ends]), deadline) - since
+        self.removed.drain_card_seconds += cards * drained
+        if instance.role is EngineRole.DECODE:
+            cut = [tokens for end, (_, tokens) in zip(ends, running, strict=True) if end > deadline]
+            self.removed.cut += len(cut)
+            self.removed.cut_tokens += sum(cut)
 
     def place(self, engine: PDEngine, warm_up: bool) -> None:
         for key, pool in self.pools.items():
@@ -157,6 +241,7 @@ class Fleet:
         still = []
         for replica in self.draining:
             if engine.instance(replica.name).state is State.GONE:
+                self._note_drained(replica.name, engine.now_s)
                 pool = self.pools[self._key_of(replica.name)]
                 self.free[replica.node] += pool.accelerator.per_replica
                 self.pods[replica.node] += 1

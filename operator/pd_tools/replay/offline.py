@@ -37,7 +37,7 @@ from pd_tools.replay.baselines import (
     started_replicas,
 )
 from pd_tools.replay.cluster import Cluster
-from pd_tools.replay.fleet import Fleet
+from pd_tools.replay.fleet import Fleet, RemovalOrder
 from pd_tools.replay.offline_metrics import Scrape, role_signals, scrape, window_stats
 from pd_tools.replay.oracle_search import (
     ORACLE_INTERVAL_S,
@@ -252,6 +252,7 @@ def simulate(
     warmup_s: float = 0.0,
     progress: Callable[[Progress], None] | None = None,
     routing: Routing = "prefix-aware",
+    removal: RemovalOrder | None = None,
 ) -> SimResult:
     """Replay `requests` (sorted by arrival) under `policy`; see the module docstring.
 
@@ -262,13 +263,22 @@ def simulate(
     sized on the measured requests only; the oracle searches the whole span. `routing` is the
     router's choice of prefill instance (`enginesim.engine.Routing`). Requests over the context
     length are refused on arrival, as vLLM refuses them, and only counted (`rejected`).
+    `removal` chooses which Ready replica a scale-down removes (`fleet.RemovalOrder`); None:
+    as the policy would have it (pd-operator's mark, else the ReplicaSet's default).
     """
     if warmup_s < 0:
         raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
     started = time.perf_counter()
     requests, refused = admitted(requests, context_limit(spec, model))
     cluster = cluster or Cluster.fitting(spec)
-    fleet = Fleet(spec, model, cluster, timing.load_seconds)
+    fleet = Fleet(
+        spec,
+        model,
+        cluster,
+        timing.load_seconds,
+        removal=removal or _removal_of(policy),
+        count_removals_from_s=warmup_s,
+    )
     arrivals, measured, first_measured = _arrivals(spec, fleet, requests, warmup_s)
     feasible = feasibility(spec, idle_latencies(spec, requests, model))
     resolved = resolve(spec)  # once per run: every decision reads it
@@ -375,7 +385,18 @@ def simulate(
         end_s=max(0.0, now - warmup_s),
         wall_s=time.perf_counter() - started,
         reasons=[(t - warmup_s, why) for t, why in reasons if t > warmup_s],
+        removed=fleet.removed.row(),
     )
+
+
+def _removal_of(policy: str | Policy) -> RemovalOrder:
+    """pd-operator marks the replicas with the least work for removal (`core.removal`); every
+    other policy leaves the choice to the ReplicaSet."""
+    if isinstance(policy, str):
+        operator = policy.partition(":")[0] == "pd-operator"
+    else:
+        operator = isinstance(policy, baselines.OperatorPolicy)
+    return "least-work" if operator else "replicaset"
 
 
 def _arrivals(

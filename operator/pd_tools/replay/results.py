@@ -44,6 +44,8 @@ class SimResult:
     # Why each change after the first entry of `timeline` was made, at the same times: the
     # policy's own words (pd-operator: its decision's reason, as status shows it).
     reasons: list[tuple[float, str]] = field(default_factory=list)
+    # What the replicas scale-downs removed were doing then (`fleet.RemovalCost.row`).
+    removed: dict[str, float] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
