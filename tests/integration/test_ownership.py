@@ -288,13 +288,15 @@ def test_an_apply_the_apiserver_cannot_parse_stalls_once_without_retrying(
         {**pdd("typo2"), "spec": get_pdd(api_client, namespace, "typo")["spec"]},
     )
     stall = stalled(api_client, namespace, "typo2")
-    assert 'unknown field "spec.template.spec.affinity.nodeAfinity"' in stall["message"]
+    assert stall["reason"] == "ApplyRejected"
+    assert "Deployment typo2-decode-d rejected" in stall["message"]
+    assert "nodeAfinity: field not declared in schema" in stall["message"]
 
 
 def test_a_field_dropped_from_the_spec_leaves_the_child_it_was_created_in(
     operator, api_client, namespace
 ):
-    # Children are created (never applied over an unknown object) and then owned as if
+    # Children are created by an apply that refuses any existing object, so they are owned as
     # applied: a field the spec no longer sets must go, not linger under a create's owner.
     body = pdd("env")
     body["spec"]["decode"]["pools"][0]["template"] = {"env": [{"name": "FLAG", "value": "1"}]}

@@ -27,6 +27,9 @@ from pd_operator.core.observe import DELETION_COST
 logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "pd-operator"
+# The resource version of etcd's first revision, which no object the operator could meet holds:
+# as an apply's precondition it means "only if no object has this name" (`KubeWriter.create`).
+ABSENT = "1"
 
 # Plural resource names of the kinds the operator manages.
 PLURALS = {
@@ -218,11 +221,40 @@ class KubeWriter:
         """Server-side apply a complete manifest over the object `uid`, which we own, taking back
         conflicting fields. The uid is a precondition: an object deleted since (409) or
         replaced by another of the same name (422 on metadata.uid) is never written."""
+        return self._apply(manifest, {"uid": uid}, verb="apply")
+
+    def create(self, manifest: Mapping[str, Any], *, as_applied: bool = True) -> dict[str, Any]:
+        """Create a child that must not exist yet: 409 if any object holds the name (an apply
+        would take the other object over).
+
+        One server-side apply whose precondition is a resource version no stored object has
+        (`ABSENT`): the apiserver creates the object when the name is free, with our fields
+        under our Apply entry exactly as a later apply records them (so a field later dropped
+        from the spec goes), and refuses it when the name is taken. `as_applied=False`
+        creates with a plain POST instead, whose fields stay with an Update entry: for a field
+        set on creation only (a PDPool's spec.replicas, then HPA's), which a later apply that
+        leaves it out must not remove."""
+        if as_applied:
+            return self._apply(manifest, {"resourceVersion": ABSENT}, verb="create")
+        meta = manifest["metadata"]
+        created = self._call(
+            "POST",
+            object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]),
+            dict(manifest),
+            "application/json",
+            [("fieldManager", FIELD_MANAGER), ("fieldValidation", "Strict")],
+        )
+        metrics.API_WRITES.labels(verb="create", kind=manifest["kind"]).inc()
+        return created
+
+    def _apply(
+        self, manifest: Mapping[str, Any], precondition: Mapping[str, str], *, verb: str
+    ) -> dict[str, Any]:
         meta = manifest["metadata"]
         path = object_path(
             manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"]
         )
-        body = {**manifest, "metadata": {**meta, "uid": uid}}
+        body = {**manifest, "metadata": {**meta, **precondition}}
         result = self._call(
             "PATCH",
             path,
@@ -230,70 +262,8 @@ class KubeWriter:
             "application/apply-patch+yaml",
             [("fieldManager", FIELD_MANAGER), ("force", "true")],
         )
-        metrics.API_WRITES.labels(verb="apply", kind=manifest["kind"]).inc()
+        metrics.API_WRITES.labels(verb=verb, kind=manifest["kind"]).inc()
         return result
-
-    def create(self, manifest: Mapping[str, Any], *, as_applied: bool = True) -> dict[str, Any]:
-        """Create a child that must not exist yet (409 AlreadyExists if it does: an apply would
-        take the other object over). Unknown fields are refused as an apply refuses them.
-
-        A create records its fields under an Update manager, which a later apply could never
-        remove; the second write turns that entry into our Apply entry, so the object is
-        exactly as if it had been applied. `as_applied=False` keeps the Update entry: for a
-        field set on creation only (a PDPool's spec.replicas), which a later apply that leaves
-        it out must not remove."""
-        meta = manifest["metadata"]
-        collection = object_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
-        created = self._call(
-            "POST",
-            collection,
-            dict(manifest),
-            "application/json",
-            [("fieldManager", FIELD_MANAGER), ("fieldValidation", "Strict")],
-        )
-        metrics.API_WRITES.labels(verb="create", kind=manifest["kind"]).inc()
-        if not as_applied:
-            return created
-        return self._own_as_applier(created, f"{collection}/{meta['name']}")
-
-    def _own_as_applier(self, created: dict[str, Any], path: str) -> dict[str, Any]:
-        current = created
-        # A controller writing status in between (a Deployment's, at once) reorders the
-        # entries and fails the patch's test: read the object again and retry.
-        for _ in range(3):
-            entries = current["metadata"].get("managedFields") or []
-            ours = [
-                index
-                for index, entry in enumerate(entries)
-                if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Update"
-            ]
-            if not ours:
-                return current
-            at = f"/metadata/managedFields/{ours[0]}"
-            patch = [
-                {"op": "test", "path": "/metadata/uid", "value": created["metadata"]["uid"]},
-                {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
-                {"op": "test", "path": f"{at}/operation", "value": "Update"},
-                {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
-            ]
-            try:
-                result = self._call("PATCH", path, patch, "application/json-patch+json")
-            except ApiException as error:
-                if error.status not in (409, 422):
-                    raise
-                meta = created["metadata"]
-                found = self.find(
-                    created["apiVersion"], created["kind"], meta["namespace"], meta["name"]
-                )
-                if found is None or found["metadata"].get("uid") != meta["uid"]:
-                    return created  # gone or replaced since: nothing of ours to fix
-                current = found
-                continue
-            metrics.API_WRITES.labels(verb="patch", kind=created.get("kind", "")).inc()
-            return result
-        # Still contended: the next apply converges the fields; only one later dropped from
-        # the spec would linger.
-        return current
 
     def find(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object of that name, or None: a list by name, as the operator may list but not
