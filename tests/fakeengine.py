@@ -35,6 +35,20 @@ class FakeEngine:
         self.generation = Counter(
             "vllm:generation_tokens", "g", ["model_name"], registry=self.registry
         )
+        # The KV hand-off: NIXL's transfer time (vLLM records it on decode, which pulls), and
+        # prefill's queue and compute time.
+        self.transfer = Histogram(
+            "vllm:nixl_xfer_time_seconds", "x", ["model_name"], buckets=BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds", "q", ["model_name"], buckets=BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
+        self.prefill_time = Histogram(
+            "vllm:request_prefill_time_seconds", "p", ["model_name"], buckets=BUCKETS,
+            registry=self.registry,
+        )  # fmt: skip
         port = free_port()
         self.server, self.thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
         prometheus.set_targets(name, [f"127.0.0.1:{port}"], labels)

@@ -91,6 +91,31 @@ def test_grouped_reads_give_each_object_its_own_latency(prometheus, engines):
     assert report.errors == []
 
 
+def test_the_kv_hand_off_is_read_from_the_connector_or_inferred(prometheus, engines):
+    """NIXL's transfer time is recorded on decode and read as prefill's hand-off, bounded by
+    what the TTFT holds besides queue and prefill; without it, that remainder is the hand-off."""
+    nixl = engines("nixl-prefill", {"namespace": "ns", "deployment": "nixl", "role": "prefill"})
+    pulls = engines("nixl-decode", {"namespace": "ns", "deployment": "nixl", "role": "decode"})
+    bare = engines("bare-prefill", {"namespace": "ns", "deployment": "bare", "role": "prefill"})
+    reader = PrometheusReader(prometheus.url)
+
+    def observe_and_read():
+        for _ in range(20):
+            for engine in (nixl, bare):
+                engine.ttft.labels(model_name="m").observe(5.0)
+                engine.queue_time.labels(model_name="m").observe(1.0)
+                engine.prefill_time.labels(model_name="m").observe(0.5)
+            pulls.transfer.labels(model_name="m").observe(2.5)
+            pulls.itl.labels(model_name="m").observe(0.015)
+        signals, _ = reader.read([target("nixl"), target("bare")])
+        found = [signals[("ns", name, "prefill")].kv_transfer_seconds for name in ("nixl", "bare")]
+        return found if all(r.kind is ReadingKind.VALUE for r in found) else None
+
+    connector, inferred = wait_for(observe_and_read, timeout=40, interval=1, what="hand-off")
+    assert connector.value == pytest.approx(2.5)
+    assert inferred.value == pytest.approx(3.5)  # 5 s TTFT less 1 s queue and 0.5 s prefill
+
+
 def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, engines):
     engines("one-decode", {"namespace": "ns", "deployment": "one", "role": "decode"}).itl.labels(
         model_name="m"
@@ -106,7 +131,7 @@ def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, en
         return (few, many) if few.adapters and many.adapters else None
 
     few, many = wait_for(both_reads, timeout=20, what="two reads that both see the engine")
-    assert many.queries == few.queries <= 13, (few, many)  # detection + 12 signals
+    assert many.queries == few.queries <= 16, (few, many)  # detection + 15 signals
 
 
 def test_an_engine_without_series_is_unavailable_and_names_what_was_looked_for(prometheus, engines):

@@ -20,7 +20,14 @@ from urllib3.util.retry import Retry
 
 from pd_operator.adapters import promql
 from pd_operator.core.seasonal import HORIZON_SECONDS, STEP_SECONDS, Season, season_starts
-from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
+from pd_operator.core.signals import (
+    NO_TRAFFIC,
+    NOT_READ,
+    Reading,
+    RoleSignals,
+    hand_off_seconds,
+    unavailable,
+)
 
 RoleKey = tuple[str, str, str]  # (namespace, PDDeployment name, role)
 QUERY_TIMEOUT_SECONDS = 5
@@ -33,7 +40,11 @@ RETRY = Retry(total=2, backoff_factor=0.2, status_forcelist=(408, 429, 500, 502,
 SEASON_RATE_WINDOW_SECONDS = 60
 # Signals an engine may lack with nothing misconfigured (prefix caching off, an older
 # version): a missing series is read as unavailable, never reported as a failing query.
-OPTIONAL_SIGNALS = frozenset({"cached_prompt_tokens_per_second"})
+OPTIONAL_SIGNALS = frozenset(
+    {"cached_prompt_tokens_per_second", "connector_mean", "queue_mean", "prefill_mean"}
+)
+# Reads that only make up `RoleSignals.kv_transfer_seconds` (`signals.hand_off_seconds`).
+HAND_OFF_PARTS = ("queue_mean", "prefill_mean", "connector_mean")
 
 
 @dataclass(frozen=True)
@@ -257,6 +268,16 @@ class PrometheusReader:
             if adapter.cached_prompt_tokens:
                 query = promql.counter_rate_query(adapter.cached_prompt_tokens, window)
                 jobs.append(("cached_prompt_tokens_per_second", ("prefill",), query, keys))
+            if adapter.kv_transfer:
+                query = promql.transfer_mean_query(adapter.kv_transfer, window)
+                jobs.append(("connector_mean", ("prefill",), query, keys))
+            for part, timer in (
+                ("queue_mean", adapter.queue_time),
+                ("prefill_mean", adapter.prefill_time),
+            ):
+                if timer:
+                    query = promql.mean_query(timer, "prefill", window)
+                    jobs.append((part, ("prefill",), query, keys))
         all_keys = keys_where()
         for signal, gauge, aggregate in (
             ("queue_depth", adapter.waiting, "sum"),
@@ -281,6 +302,11 @@ class PrometheusReader:
                         if signal not in OPTIONAL_SIGNALS:
                             report.failing_queries.setdefault(key, query)
                     values.setdefault(key, {})[signal] = reading
+        for (_, _, role), read in values.items():
+            queue, compute, connector = (read.pop(part, NOT_READ) for part in HAND_OFF_PARTS)
+            if role == "prefill":
+                ttft_mean = read.get("mean_latency_seconds", NOT_READ)
+                read["kv_transfer_seconds"] = hand_off_seconds(ttft_mean, queue, compute, connector)
         return {
             (t.namespace, t.name, role): RoleSignals(
                 sample_time=now, **values.get((t.namespace, t.name, role), {})
@@ -324,5 +350,6 @@ def all_signals(
         prompt_tokens_per_second=reading,
         cached_prompt_tokens_per_second=reading,
         generation_tokens_per_second=reading,
+        kv_transfer_seconds=reading,
     )
     return {(t.namespace, t.name, role): every for t in targets for role in ("prefill", "decode")}

@@ -35,6 +35,9 @@ class EngineMetrics:
     prompt_tokens: str | None  # counter, with its _total
     generation_tokens: str | None  # counter, with its _total
     cached_prompt_tokens: str | None = None  # counter of prefix-cache hits, with its _total
+    kv_transfer: str | None = None  # the connector's transfer-time histogram
+    queue_time: str | None = None  # histograms of the prefill side's queue and compute time
+    prefill_time: str | None = None
 
     @classmethod
     def of(cls, names: engine_metrics.EngineMetricNames) -> "EngineMetrics":
@@ -49,6 +52,9 @@ class EngineMetrics:
             prompt_tokens=_total(names.prompt_tokens),
             generation_tokens=_total(names.generation_tokens),
             cached_prompt_tokens=_total(names.cache_hit_tokens),
+            kv_transfer=names.kv_transfer_histogram,
+            queue_time=names.queue_time_histogram,
+            prefill_time=names.prefill_time_histogram,
         )
 
 
@@ -119,6 +125,19 @@ def mean_query(histogram: str, role: str, window_seconds: int) -> str:
         f'sum by ({by}) (rate({histogram}_sum{{role="{role}"}}{window})) / '
         f'sum by ({by}) (rate({histogram}_count{{role="{role}"}}{window}))'
     )
+
+
+def transfer_mean_query(histogram: str, window_seconds: int) -> str:
+    """The connector's mean transfer time (seconds) per object, as the prefill role's: the side
+    that moves the KV (decode for vLLM's NIXL, which pulls) is not the side whose TTFT it
+    delays."""
+    by, window = "namespace, deployment", f"[{window_seconds}s]"
+    unit = " / 1000" if histogram.endswith("_ms") else ""
+    mean = (
+        f"sum by ({by}) (rate({histogram}_sum{window})){unit} / "
+        f"sum by ({by}) (rate({histogram}_count{window}))"
+    )
+    return f'label_replace({mean}, "role", "prefill", "deployment", ".*")'
 
 
 def counter_rate_query(counter: str, window_seconds: int) -> str:

@@ -9,7 +9,16 @@ from pd_operator.api.spec import Role
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 LimitedBy = Literal[
-    "none", "capacity", "ratio", "rate", "bounds", "metrics", "warmup", "schedule", "forecast"
+    "none",
+    "capacity",
+    "ratio",
+    "rate",
+    "bounds",
+    "metrics",
+    "warmup",
+    "schedule",
+    "forecast",
+    "fabric",
 ]
 
 
@@ -61,6 +70,9 @@ class ObservedSignals(StatusModel):
 
     ttft_milliseconds: int | None = None
     itl_milliseconds: int | None = None
+    kv_transfer_milliseconds: int | None = Field(
+        None, description="Mean KV hand-off from prefill to decode inside the TTFT."
+    )
     requests_per_second: float | None = None
     sample_time: str | None = None
 

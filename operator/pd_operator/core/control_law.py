@@ -23,10 +23,10 @@ the target. The numbers are `core.tuning`'s.
 from dataclasses import dataclass
 from typing import Literal
 
-from pd_operator.api.spec import LatencyTarget, Role
+from pd_operator.api.spec import KVTransferSpec, LatencyTarget, Role
 from pd_operator.core.learning import RoleCapacity
 from pd_operator.core.resolved import ResolvedSpec
-from pd_operator.core.signals import ReadingKind, RoleSignals, bucket_of
+from pd_operator.core.signals import Reading, ReadingKind, RoleSignals, bucket_of
 from pd_operator.core.tuning import TUNING
 
 EPSILON = 1e-9
@@ -78,6 +78,9 @@ class RoleLoad:
     # nothing about capacity per replica.
     tail_only: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
+    # Prefill: a TTFT breach that the KV hand-off to decode explains (`transfer_explains`):
+    # more prefill would not lower it, so feedback does not grow prefill for it.
+    fabric_bound: bool = False
 
     @property
     def growth_demand(self) -> float | None:
@@ -86,6 +89,24 @@ class RoleLoad:
         return (
             self.served_tokens_per_second if self.queue_drained else self.demand_tokens_per_second
         )
+
+
+def transfer_explains(ttft_seconds: float, transfer: Reading, target_seconds: float) -> bool:
+    """A TTFT over the target that would be within it (and its tolerance) without the KV
+    hand-off: the fabric, not prefill, is what breaches it."""
+    seconds = transfer.value if transfer.kind is ReadingKind.VALUE else None
+    return (
+        seconds is not None
+        and seconds > 0
+        and ttft_seconds > TUNING.breach_ratio * target_seconds
+        and ttft_seconds - seconds <= TUNING.breach_ratio * target_seconds
+    )
+
+
+def fabric_words(kv_transfer: KVTransferSpec) -> str:
+    """The fabric as `spec.kvTransfer` names it."""
+    backend = f" {kv_transfer.nixl_backend}" if kv_transfer.nixl_backend else ""
+    return f"{kv_transfer.connector}{backend} over {kv_transfer.protocol}"
 
 
 def read_load(
@@ -167,6 +188,18 @@ def read_load(
         and not (waiting if role == "prefill" else (pressure or 0.0) >= TUNING.kv_target)
     )
     words = [_latency_words(name, target.percentile, ratio, bucket, unresolved)]
+    transfer = signals.kv_transfer_seconds
+    fabric = (
+        role == "prefill"
+        and seconds is not None
+        and not unresolved
+        and transfer_explains(seconds, transfer, target_seconds)
+    )
+    if fabric and seconds is not None and transfer.value is not None:
+        words[0] = (
+            f"{name} {seconds:.1f}s over {target_seconds:g}s target, of which KV transfer "
+            f"{transfer.value:.1f}s: the fabric ({fabric_words(spec.kv_transfer)}), not prefill"
+        )
     if latency.value is None and seconds is not None:
         words[0] += f" (nothing finished for {seconds:.0f}s)"
     words += _load_words(role, demand, usage, cached_share, waiting)
@@ -188,6 +221,7 @@ def read_load(
         nothing_finished=latency.value is None and seconds is not None,
         tail_only=_tail_only(target, ratio, signals, target_seconds),
         breach_unresolved=unresolved,
+        fabric_bound=fabric,
     )
 
 
@@ -256,6 +290,8 @@ class Need:
     demand_unknown: bool  # shrinking was blocked only because the demand could not be read
     # Feedback called for more, but waits for the replicas arriving (`RoleLoad.capacity_arriving`).
     awaiting_arrivals: bool = False
+    # Feedback would have called for more, for a breach the KV hand-off explains.
+    fabric_held: bool = False
 
 
 def role_need(
@@ -295,7 +331,7 @@ def role_need(
             feedback = ready_capacity * min(ratio, TUNING.max_feedback_gain)
             # Feedback waits for arriving replicas where the demand can size the role; without
             # an estimate it is the only term, and acts as before.
-            if not (load.capacity_arriving and sizes_growth):
+            if not (load.capacity_arriving and sizes_growth) and not load.fabric_bound:
                 grow.append(feedback)
         holding = TUNING.tail_hold_ratio if load.tail_only else TUNING.hold_ratio
         if ratio >= holding and resolved:
@@ -329,7 +365,12 @@ def role_need(
         demand_unknown=demand is None and (ratio is None or ratio < TUNING.hold_ratio),
         awaiting_arrivals=grow_to is None
         and feedback is not None
-        and feedback > placeable_capacity * (1 + EPSILON),
+        and feedback > placeable_capacity * (1 + EPSILON)
+        and not load.fabric_bound,
+        fabric_held=grow_to is None
+        and feedback is not None
+        and feedback > placeable_capacity * (1 + EPSILON)
+        and load.fabric_bound,
     )
 
 

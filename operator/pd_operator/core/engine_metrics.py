@@ -24,6 +24,13 @@ class EngineMetricNames:
     generation_tokens: str | None  # counter
     cache_hit_tokens: str | None  # counter: prompt tokens found in the prefix cache
     cache_query_tokens: str | None  # counter: prompt tokens looked up in it
+    # The KV hand-off (docs/autoscaling.md, "The KV hand-off"): the connector's transfer-time
+    # histogram (seconds, or milliseconds where the name ends in `_ms`), on whichever side
+    # moves the KV; and the prefill side's queue and compute time, whose difference from
+    # TTFT is the hand-off where the connector says nothing.
+    kv_transfer_histogram: str | None = None
+    queue_time_histogram: str | None = None
+    prefill_time_histogram: str | None = None
 
     def underscored(self) -> "EngineMetricNames":
         """The same metrics with `_` instead of the `:` after the engine prefix."""
@@ -48,6 +55,11 @@ VLLM = EngineMetricNames(
     generation_tokens="vllm:generation_tokens",
     cache_hit_tokens="vllm:prefix_cache_hits",
     cache_query_tokens="vllm:prefix_cache_queries",
+    # NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py's
+    # NixlPromMetrics), observed where the transfer is issued: the decode side, which pulls.
+    kv_transfer_histogram="vllm:nixl_xfer_time_seconds",
+    queue_time_histogram="vllm:request_queue_time_seconds",
+    prefill_time_histogram="vllm:request_prefill_time_seconds",
 )
 # vLLM's names as they arrive when its prometheus_client answers an OpenMetrics scrape and
 # escapes the colons (prometheus_client >= 0.22 with Prometheus asking for OpenMetrics).
@@ -61,6 +73,7 @@ VLLM_LEGACY = replace(
     kv_usage="vllm:gpu_cache_usage_perc",
     cache_hit_tokens=None,
     cache_query_tokens=None,
+    kv_transfer_histogram=None,
 )
 # SGLang (python/sglang/srt/metrics/collector.py).
 SGLANG = EngineMetricNames(
@@ -75,6 +88,10 @@ SGLANG = EngineMetricNames(
     generation_tokens="sglang:generation_tokens",
     cache_hit_tokens="sglang:cached_tokens",
     cache_query_tokens=None,
+    # The disaggregation metrics (python/sglang/srt/metrics/collector.py; a gauge before they
+    # became histograms, which reads as no series). SGLang has no prefill-time histogram.
+    kv_transfer_histogram="sglang:kv_transfer_latency_ms",
+    queue_time_histogram="sglang:queue_time_seconds",
 )
 # Some SGLang versions write an underscore instead of the colon (CONTEXT.md).
 SGLANG_UNDERSCORE = SGLANG.underscored()
@@ -103,6 +120,9 @@ class LatencyBounds:
     ttft: tuple[float, ...]
     itl: tuple[float, ...]
     e2e: tuple[float, ...]
+    # vLLM's request_queue_time and request_prefill_time share the e2e bounds
+    # (request_latency_buckets); the NIXL transfer time has its own.
+    kv_transfer: tuple[float, ...] = ()
 
 
 # fmt: off
@@ -121,6 +141,8 @@ VLLM_BOUNDS = LatencyBounds(
         0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
         240.0, 480.0, 960.0, 1920.0, 7680.0,
     ),
+    # NixlPromMetrics' buckets[1:].
+    kv_transfer=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0),
 )
 # SGLang: python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector
 # (bucket_time_to_first_token, bucket_inter_token_latency, bucket_e2e_request_latency).

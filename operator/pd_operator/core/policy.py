@@ -71,6 +71,7 @@ RAW_LIMIT_NOTES: dict[LimitedBy, str] = {
     "bounds": "at max",
     "metrics": "demand unreadable: not scaling down",
     "warmup": "the breach waits for the replicas loading or just Ready",
+    "fabric": "the KV transfer, not prefill, breaches TTFT: not adding prefill for it",
 }
 # Which limit names a whole decision when pools were limited by different things.
 LIMIT_PRIORITY: tuple[LimitedBy, ...] = (
@@ -78,6 +79,7 @@ LIMIT_PRIORITY: tuple[LimitedBy, ...] = (
     "capacity",
     "ratio",
     "warmup",
+    "fabric",
     "schedule",
     "forecast",
     "bounds",
@@ -318,7 +320,7 @@ def _capacity(
         served_tokens_per_second=load.served_tokens_per_second if active else None,
         latency_ratio=(
             load.latency_ratio
-            if active and not load.breach_unresolved and not load.tail_only
+            if active and not (load.breach_unresolved or load.tail_only or load.fabric_bound)
             else None
         ),
         prompt_tokens=max(1, round(prompt)),
@@ -588,8 +590,8 @@ def _decide_role(
             raw = shrink(slots, one_less(slots))
         elif need.demand_unknown:
             limits = {p.spec.name: "metrics" for p in pools if p.current > p.spec.replicas.min}
-        if need.awaiting_arrivals:
-            limits = {p.spec.name: "warmup" for p in pools}
+        if need.awaiting_arrivals or need.fabric_held:
+            limits = {p.spec.name: "fabric" if need.fabric_held else "warmup" for p in pools}
     warming, decode_short = gates
     scaling = resolved.spec.scaling
     for pool in pools:

@@ -15,9 +15,10 @@ from typing import Any
 from pd_operator.api.spec import PDDeploymentSpec, SeasonalSpec
 from pd_operator.core import reasons
 from pd_operator.core.children import ROLES, PoolKey
+from pd_operator.core.control_law import fabric_words, transfer_explains
 from pd_operator.core.decision import Decision, Observation, ScaleRecord
 from pd_operator.core.reconcile import EventSpec
-from pd_operator.core.signals import Reading, ReadingKind
+from pd_operator.core.signals import Reading, ReadingKind, RoleSignals
 from pd_operator.core.status import ConditionSpec, ScalingView
 
 # Status is rewritten at least this often while values drift within the tolerance below.
@@ -68,6 +69,7 @@ def scaling_outcome(
     `memory=False` leaves the policy memory out (`policy_memory_json` when it is written)."""
     prefill, decode = observation.signals["prefill"], observation.signals["decode"]
     ttft_ms, itl_ms = _milliseconds(prefill.ttft_seconds), _milliseconds(decode.itl_seconds)
+    transfer_ms = _milliseconds(prefill.kv_transfer_seconds)
     rps = prefill.requests_per_second.rate_or_zero()
     view = ScalingView(
         observed={  # unknown values are left out, never written as 0
@@ -75,6 +77,7 @@ def scaling_outcome(
             for name, value in (
                 ("ttftMilliseconds", ttft_ms),
                 ("itlMilliseconds", itl_ms),
+                ("kvTransferMilliseconds", transfer_ms),
                 ("requestsPerSecond", round(rps, 3) if rps is not None else None),
                 ("sampleTime", iso(now)),
             )
@@ -108,7 +111,7 @@ def scaling_outcome(
     view.conditions = [
         available,
         metrics_configured(missing, observation, no_series, grace, now),
-        _slo_met(spec, slo_met),
+        _slo_met(spec, slo_met, fabric=_fabric_bound(spec, prefill)),
         capacity,
     ]
     if spec.scaling.seasonal is not None:
@@ -173,7 +176,21 @@ def _seasonal_history(
     return ConditionSpec(reasons.SEASONAL_HISTORY, False, reasons.HISTORY_MISSING, message)
 
 
-def _slo_met(spec: PDDeploymentSpec, slo_met: tuple[bool | None, bool | None]) -> ConditionSpec:
+def _fabric_bound(spec: PDDeploymentSpec, prefill: RoleSignals) -> bool:
+    """The TTFT breach is the KV hand-off's, as the policy judges it (`transfer_explains`)."""
+    ttft = prefill.ttft_seconds
+    return (
+        ttft.kind is ReadingKind.VALUE
+        and ttft.value is not None
+        and transfer_explains(
+            ttft.value, prefill.kv_transfer_seconds, spec.slo.ttft.target_milliseconds / 1000
+        )
+    )
+
+
+def _slo_met(
+    spec: PDDeploymentSpec, slo_met: tuple[bool | None, bool | None], *, fabric: bool = False
+) -> ConditionSpec:
     if None in slo_met:
         return ConditionSpec(reasons.SLO_MET, None, reasons.METRICS_UNAVAILABLE, "latency unknown")
     met = all(slo_met)
@@ -186,6 +203,13 @@ def _slo_met(spec: PDDeploymentSpec, slo_met: tuple[bool | None, bool | None]) -
             ("ITL", slo_met[1], spec.slo.itl.target_milliseconds),
         )
     )
+    if fabric and slo_met[0] is False:
+        # Named, so that a platform engineer looks at the fabric rather than at prefill.
+        message += (
+            f"; the TTFT breach is the KV transfer's: the fabric "
+            f"({fabric_words(spec.kv_transfer)}), not prefill (spec.kvTransfer)"
+        )
+        return ConditionSpec(reasons.SLO_MET, False, reasons.KV_TRANSFER_BOUND, message)
     return ConditionSpec(
         reasons.SLO_MET, met, reasons.WITHIN_SLO if met else reasons.SLO_VIOLATED, message
     )

@@ -83,6 +83,8 @@ class RoleSignals:
     # The role's mean latency over the window (TTFT for prefill, ITL for decode), from the
     # histogram's sum and count: exact, unlike a percentile read inside a bucket.
     mean_latency_seconds: Reading = NOT_READ
+    # Prefill: the mean KV hand-off to decode inside the TTFT read (`hand_off_seconds`).
+    kv_transfer_seconds: Reading = NOT_READ
     # With `spec.scaling.seasonal`: what the role served (tokens/s) from this moment one, two,
     # ... periods ago onwards (`core.seasonal.Season`); empty: not read or no history.
     seasons: tuple[Season, ...] = ()
@@ -90,6 +92,32 @@ class RoleSignals:
     def latency(self, role: Role) -> Reading:
         """The latency the role is scaled on: TTFT for prefill, ITL for decode."""
         return self.ttft_seconds if role == "prefill" else self.itl_seconds
+
+
+def hand_off_seconds(
+    ttft_mean: Reading, queue_mean: Reading, prefill_mean: Reading, connector_mean: Reading
+) -> Reading:
+    """The mean KV hand-off inside the TTFT read: the connector's mean transfer time, no more
+    than what the TTFT holds besides queue and prefill (TTFT less both, never below 0).
+
+    Where the TTFT is measured on the prefill engine alone (vLLM's prefill side) the remainder
+    is about 0, and a slow fabric explains none of it. Without the connector the remainder is
+    the hand-off, which also counts a wait for decode's KV room; without the remainder the
+    connector's time is taken as part of the TTFT (a router's or frontend's).
+    """
+    parts = (ttft_mean, queue_mean, prefill_mean)
+    values = [p.value for p in parts if p.kind is ReadingKind.VALUE and p.value is not None]
+    rest = max(0.0, values[0] - values[1] - values[2]) if len(values) == 3 else None
+    if connector_mean.kind is ReadingKind.VALUE and connector_mean.value is not None:
+        return Reading.of(connector_mean.value if rest is None else min(rest, connector_mean.value))
+    if rest is not None:
+        return Reading.of(rest)
+    if NO_TRAFFIC in (ttft_mean, connector_mean):
+        return NO_TRAFFIC
+    missing = next(
+        (p.reason for p in (connector_mean, *parts) if p.kind is ReadingKind.UNAVAILABLE), ""
+    )
+    return unavailable(f"no KV transfer time and no TTFT, queue and prefill means: {missing}")
 
 
 # What each role's latency is called in reasons and logs.

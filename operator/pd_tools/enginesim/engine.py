@@ -70,9 +70,11 @@ class LatencyBuckets:
     ttft_s: tuple[float, ...]
     itl_s: tuple[float, ...]
     e2e_s: tuple[float, ...]
+    # The KV connector's transfer time (vLLM's NIXL buckets for both engines).
+    kv_transfer_s: tuple[float, ...] = VLLM_BOUNDS.kv_transfer
 
     def __post_init__(self) -> None:
-        for bounds in (self.ttft_s, self.itl_s, self.e2e_s):
+        for bounds in (self.ttft_s, self.itl_s, self.e2e_s, self.kv_transfer_s):
             if not bounds or any(b >= c for b, c in itertools.pairwise(bounds)):
                 raise ValueError("bucket bounds must be non-empty and strictly increasing")
 
@@ -334,6 +336,11 @@ class Instance(ABC):
         self.ttft = Histogram(buckets.ttft_s)
         self.itl = Histogram(buckets.itl_s)
         self.e2e = Histogram(buckets.e2e_s)
+        # Prefill: a request's wait for its batch and the batch's time (vLLM's request queue
+        # and prefill time, on the e2e bounds as there); decode: each KV transfer it received.
+        self.queue_time = Histogram(buckets.e2e_s)
+        self.prefill_time = Histogram(buckets.e2e_s)
+        self.kv_transfer = Histogram(buckets.kv_transfer_s)
 
     @property
     @abstractmethod
@@ -786,6 +793,8 @@ class PDEngine:
             while len(cache) > capacity_blocks:
                 cache.popitem(last=False)
             req.prefill_end_s = now
+            instance.queue_time.observe(req.prefill_start_s - req.arrival_s)
+            instance.prefill_time.observe(now - req.prefill_start_s)
             if req.output_tokens == 1:
                 self._first_token(req)
                 self._finish(req, instance)
@@ -833,6 +842,8 @@ class PDEngine:
         instance = req.decode
         assert isinstance(instance, _Decode)
         instance.transferring -= 1
+        # Recorded when it completes, as the connector records it.
+        instance.kv_transfer.observe(req.input_tokens * self._transfer_s_per_token)
         instance.inflight_kv += 1  # the first token's KV joins the prompt's
         self._first_token(req)
         instance.joiners.append(req)

@@ -149,11 +149,17 @@ class _Template:
             (names.ttft_histogram, buckets.ttft_s, "Time to first token in seconds.", "ttft"),
             (names.itl_histogram, buckets.itl_s, "Inter-token latency in seconds.", "itl"),
             (names.e2e_histogram, buckets.e2e_s, "End-to-end request latency.", "e2e"),
-        )
+            (names.queue_time_histogram, buckets.e2e_s, "Time waiting for prefill.", "queue_time"),
+            (names.prefill_time_histogram, buckets.e2e_s, "Time in prefill.", "prefill_time"),
+            (names.kv_transfer_histogram, buckets.kv_transfer_s, "KV transfer time.",
+             "kv_transfer"),
+        )  # fmt: skip
+        # The simulator's histograms are in seconds: a histogram in milliseconds (SGLang's KV
+        # transfer latency) is not written.
         self.histograms = tuple(
             (histogram(name, bounds, help_text), attrgetter(value))
             for name, bounds, help_text, value in histograms
-            if name
+            if name and not name.endswith("_ms")
         )
 
     def render(self, instance: Instance, counter_scale: float) -> str:

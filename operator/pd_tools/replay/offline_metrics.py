@@ -9,12 +9,18 @@ quantile over a window without observations is NaN, which the adapter reads as n
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, Role
-from pd_operator.core.signals import NO_TRAFFIC, Reading, RoleSignals, unavailable
-from pd_tools.enginesim.engine import Instance, PDEngine, State
+from pd_operator.core.signals import (
+    NO_TRAFFIC,
+    Reading,
+    RoleSignals,
+    hand_off_seconds,
+    unavailable,
+)
+from pd_tools.enginesim.engine import Histogram, Instance, PDEngine, State
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,11 @@ class RoleScrape:
     waiting: int
     running: int
     kv_usage_sum: float
+    # (sum, count) of the queue-time, prefill-time and KV-transfer histograms: every pod's
+    # of the role (the transfer's are on decode, where it is recorded).
+    queue_time: tuple[float, int] = (0.0, 0)
+    prefill_time: tuple[float, int] = (0.0, 0)
+    kv_transfer: tuple[float, int] = (0.0, 0)
 
 
 @dataclass(frozen=True)
@@ -71,8 +82,25 @@ def scrape(engine: PDEngine, time_s: float) -> Scrape:
             waiting=sum(i.waiting for i in live),
             running=sum(i.running for i in live),
             kv_usage_sum=sum(i.kv_usage for i in live),
+            queue_time=_sum_count(i.queue_time for i in members),
+            prefill_time=_sum_count(i.prefill_time for i in members),
+            kv_transfer=_sum_count(i.kv_transfer for i in members),
         )
     return Scrape(time_s, roles)
+
+
+def _sum_count(histograms: Iterable[Histogram]) -> tuple[float, int]:
+    total, count = 0.0, 0
+    for histogram in histograms:
+        total += histogram.sum
+        count += histogram.count
+    return total, count
+
+
+def _mean(a: tuple[float, int], b: tuple[float, int]) -> Reading:
+    """A histogram's mean over the window between two scrapes."""
+    count = b[1] - a[1]
+    return Reading.of(max(0.0, (b[0] - a[0]) / count)) if count > 0 else NO_TRAFFIC
 
 
 def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[int]) -> float:
@@ -135,6 +163,14 @@ def role_signals(
         latency = NO_TRAFFIC if math.isnan(value) else Reading.of(value)
         requests = delta[-1] / span
         mean = (b.latency_sum - a.latency_sum) / delta[-1] if delta[-1] > 0 else math.nan
+        mean_latency = NO_TRAFFIC if math.isnan(mean) else Reading.of(mean)
+        # The connector's transfers are recorded on decode, the TTFT on prefill.
+        hand_off = hand_off_seconds(
+            mean_latency,
+            _mean(a.queue_time, b.queue_time),
+            _mean(a.prefill_time, b.prefill_time),
+            _mean(first.roles["decode"].kv_transfer, last.roles["decode"].kv_transfer),
+        )
         out[role] = RoleSignals(
             sample_time=last.time_s,
             ttft_seconds=latency if role == "prefill" else unavailable("decode has no TTFT"),
@@ -148,7 +184,8 @@ def role_signals(
             generation_tokens_per_second=Reading.of(
                 (b.generation_tokens - a.generation_tokens) / span
             ),
-            mean_latency_seconds=NO_TRAFFIC if math.isnan(mean) else Reading.of(mean),
+            mean_latency_seconds=mean_latency,
+            kv_transfer_seconds=hand_off if role == "prefill" else unavailable("decode"),
         )
     return out
 
