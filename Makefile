@@ -76,9 +76,17 @@ clean: ## Remove the virtual environment and caches (not the test binaries cache
 chart-lint: ## helm lint --strict the chart, render it, check its CRD and rules copies
 	bash hack/chart-lint.sh
 
+.PHONY: kindenv
+kindenv: ## Docker engine, kind and a kind node image (built locally without a registry); cached
+	bash hack/kindenv.sh build
+
 .PHONY: kind-up
-kind-up: ## kind cluster shaped like config/clusters/articles.yaml (needs Docker and kind)
+kind-up: kindenv ## kind cluster shaped like config/clusters/articles.yaml (runs kindenv first)
 	MAKE="$(MAKE)" bash hack/kind.sh up
+
+.PHONY: kind-down
+kind-down: ## Delete the kind cluster; stop dockerd by its PID if kindenv started it
+	bash hack/kindenv.sh down
 
 .PHONY: kind-e2e
 kind-e2e: ## Build the image, kind load it, helm install the chart, reconcile a sample

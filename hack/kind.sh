@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kind workflows for users with Docker (the project's CI machines have none):
-#   hack/kind.sh up    kind cluster shaped like config/clusters/articles.yaml (make kind-up)
+#   hack/kind.sh up    kind cluster shaped like config/clusters/articles.yaml (make kind-up, which
+#                      runs hack/kindenv.sh build first: Docker engine, kind, node image)
 #   hack/kind.sh e2e   image build, kind load, helm install, one sample reconciled (make kind-e2e)
 # Exit 2, saying what is missing, when docker, kind, kubectl or helm is not available.
 set -euo pipefail
@@ -9,7 +10,9 @@ cd "$(dirname "$0")/.."
 CLUSTER=${KIND_CLUSTER:-pd-operator}
 IMAGE=${IMAGE:-pd-operator:e2e}
 DOCKER=${DOCKER:-docker}
-KIND=${KIND:-kind}
+kindenv_env=${PD_KIND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator/kind}/run/kindenv.env
+kindenv_kind=$( [ -f "$kindenv_env" ] && sed -n 's/^KIND=//p' "$kindenv_env" || true)
+KIND=${KIND:-${kindenv_kind:-kind}}
 PYTHON=${PYTHON_BIN:-.venv/bin/python}
 SAMPLE=config/samples/heterogeneous-s5000-h200.yaml
 
@@ -37,14 +40,12 @@ require_docker_and_kind() {
 cluster_exists() { "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; }
 
 up() {
-  require_docker_and_kind
+  require_docker_and_kind  # `make kind-up` runs `make kindenv` first, which provides both
+  # The cluster on the pinned network, with the node image and CNI of kindenv, all nodes Ready.
+  KIND_CLUSTER=$CLUSTER bash hack/kindenv.sh up
   "${MAKE:-make}" --no-print-directory install  # kind_mode runs from the project's .venv
-  if cluster_exists; then
-    echo "kind: cluster '$CLUSTER' exists; reapplying the node profile"
-  else
-    "$KIND" create cluster --name "$CLUSTER" --config config/kind/kind-cluster.yaml
-  fi
-  "$PYTHON" -m pd_tools.simcluster.kind_mode config/clusters/articles.yaml
+  "$PYTHON" -m pd_tools.simcluster.kind_mode config/clusters/articles.yaml \
+    --kubeconfig "$(sed -n 's/^KUBECONFIG_FILE=//p' "$kindenv_env")"
 }
 
 e2e() {
