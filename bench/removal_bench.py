@@ -11,7 +11,8 @@ policy is the same; only which replica goes differs. One row per scenario where 
 replica was removed: what the removed replicas held when they went (decode streams and the output
 tokens they had still to produce; prompts being prefilled and requests waiting, which go to
 another replica), the streams the drain limit (`termination.drainSeconds`, 60 s) cuts, the
-card-seconds the removed replicas spent draining, attainment and card-hours. Then the totals (attainment: the mean over all scenarios). About 3 minutes per seed on two cores.
+card-seconds the removed replicas spent draining, attainment and card-hours. Then the totals
+(attainment: the mean over all scenarios). About a minute per seed on two cores.
 """
 
 import argparse
@@ -20,7 +21,8 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from pd_operator.cli.arguments import POSITIVE
+from robustness import scenario_arguments
+
 from pd_tools.replay.families import Scenario, draw_scenarios
 from pd_tools.replay.fleet import RemovalOrder
 from pd_tools.replay.offline import simulate
@@ -56,13 +58,7 @@ def run(scenario: Scenario, order: RemovalOrder) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--scenarios", type=int, default=40)
-    parser.add_argument(
-        "--duration", type=POSITIVE.for_argparse, default=900.0, help="measured seconds"
-    )
-    parser.add_argument("--warmup", type=float, default=300.0, help="uncounted seconds first")
-    parser.add_argument("--jobs", type=int, default=2)
+    scenario_arguments(parser)
     args = parser.parse_args(argv)
     scenarios = draw_scenarios(
         args.seed, args.scenarios, duration_s=args.duration, warmup_s=args.warmup

@@ -130,8 +130,8 @@ def percentile(values: Sequence[float], share: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that draw the scenarios and run them (bench/removal_bench.py has them too)."""
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scenarios", type=int, default=40)
     parser.add_argument(
@@ -139,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=float, default=300.0, help="uncounted seconds first")
     parser.add_argument("--jobs", type=int, default=2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    scenario_arguments(parser)
     parser.add_argument("--only", action="append", default=[], help="a scenario id, e.g. 1-07")
     parser.add_argument("--json", type=Path, help="write the scenarios and results here")
     parser.add_argument(

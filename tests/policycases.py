@@ -38,22 +38,22 @@ def spec_of(changes: dict[str, Any] | None = None) -> PDDeploymentSpec:
 
 
 SPEC = spec_of()
-PROFILED = spec_of(
-    {
-        "model.name": "zai-org/GLM-4.5-FP8",
-        "prefill.pools.0.accelerator": {
-            "resourceName": "mthreads.com/gpu",
-            "perReplica": 8,
-            "profile": "mtt-s5000",
-        },
-        "decode.pools.0.accelerator": {
-            "resourceName": "nvidia.com/gpu",
-            "perReplica": 8,
-            "profile": "h200",
-        },
-        "slo.ttft.targetMilliseconds": 6000,
-    }
-)
+# GLM-4.5 on 8-card S5000 (prefill) and H200 (decode) replicas, TTFT 6 s: the profiles known.
+PROFILED_CHANGES: dict[str, Any] = {
+    "model.name": "zai-org/GLM-4.5-FP8",
+    "prefill.pools.0.accelerator": {
+        "resourceName": "mthreads.com/gpu",
+        "perReplica": 8,
+        "profile": "mtt-s5000",
+    },
+    "decode.pools.0.accelerator": {
+        "resourceName": "nvidia.com/gpu",
+        "perReplica": 8,
+        "profile": "h200",
+    },
+    "slo.ttft.targetMilliseconds": 6000,
+}
+PROFILED = spec_of(PROFILED_CHANGES)
 
 
 def on_nodes(group: str) -> dict[str, Any]:

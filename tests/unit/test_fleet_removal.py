@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from pd_operator.api import parse_pddeployment
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import MODEL_PROFILES
 from pd_tools.enginesim.engine import Role, State
 from pd_tools.replay.cluster import Cluster
 from pd_tools.replay.fleet import Fleet, RemovalOrder
+from policycases import PROFILED_CHANGES, spec_of
 
-DECODE: PoolKey = ("decode", "h200")
+DECODE: PoolKey = ("decode", "d")
 
 
 @dataclass
@@ -59,19 +59,9 @@ class StandInEngine:
 
 
 def fleet_of_three(order: RemovalOrder) -> tuple[Fleet, StandInEngine, list[str]]:
-    doc = {
-        "apiVersion": "pdoperator.io/v1alpha1",
-        "kind": "PDDeployment",
-        "metadata": {"name": "glm"},
-        "spec": {
-            "model": {"name": "zai-org/GLM-4.5-FP8", "image": "vllm/vllm-openai:v0.11.0"},
-            "slo": {"ttft": {"targetMilliseconds": 6000}, "itl": {"targetMilliseconds": 20}},
-            "prefill": {"pools": [pool("s5000", "mthreads.com/gpu", "mtt-s5000")]},
-            "decode": {"pools": [pool("h200", "nvidia.com/gpu", "h200")]},
-            "termination": {"drainSeconds": 60},
-        },
-    }
-    spec = parse_pddeployment(doc).spec
+    # The profiled minimal spec (decode pool "d" on 8-card H200), 60 s drain, up to 4 replicas.
+    spec = spec_of({**PROFILED_CHANGES, "decode.pools.0.replicas": {"min": 1, "max": 4}})
+    assert spec.termination.drain_seconds == 60
     model = MODEL_PROFILES["glm-4.5-fp8"]
     fleet = Fleet(spec, model, Cluster.fitting(spec), None, removal=order)
     engine = StandInEngine()
@@ -87,14 +77,6 @@ def fleet_of_three(order: RemovalOrder) -> tuple[Fleet, StandInEngine, list[str]
     ]
     engine.instances[oldest].running_requests = [(Finishing(5.0), 50), (Finishing(8.0), 80)]
     return fleet, engine, [oldest, older, newest]
-
-
-def pool(name: str, resource: str, profile: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "accelerator": {"resourceName": resource, "perReplica": 8, "profile": profile},
-        "replicas": {"min": 1, "max": 4},
-    }
 
 
 def shrink_to_two(order: RemovalOrder) -> tuple[Fleet, list[str]]:

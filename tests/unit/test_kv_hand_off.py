@@ -26,7 +26,7 @@ from pd_tools.enginesim.engine import Role as EngineRole
 from pd_tools.replay.offline_metrics import role_signals, scrape
 from pd_tools.workloads.traces import Request
 from pdcases import minimal
-from policycases import T0, limit, observe, replicas, spec_of
+from policycases import PROFILED_CHANGES, T0, limit, observe, replicas, spec_of
 
 # TTFT target 6 s; NIXL over TCP, as `spec.kvTransfer` says it.
 FABRIC = {
@@ -34,22 +34,7 @@ FABRIC = {
     "kvTransfer": {"connector": "NIXL", "protocol": "TCP"},
 }
 SPEC = spec_of(FABRIC)
-PROFILED = spec_of(
-    {
-        **FABRIC,
-        "model.name": "zai-org/GLM-4.5-FP8",
-        "prefill.pools.0.accelerator": {
-            "resourceName": "mthreads.com/gpu",
-            "perReplica": 8,
-            "profile": "mtt-s5000",
-        },
-        "decode.pools.0.accelerator": {
-            "resourceName": "nvidia.com/gpu",
-            "perReplica": 8,
-            "profile": "h200",
-        },
-    }
-)
+PROFILED = spec_of({**PROFILED_CHANGES, **FABRIC})
 
 
 @pytest.mark.parametrize(
