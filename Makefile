@@ -88,6 +88,10 @@ kind-up: kindenv ## kind cluster shaped like config/clusters/articles.yaml (runs
 kind-down: ## Delete the kind cluster; stop dockerd by its PID if kindenv started it
 	bash hack/kindenv.sh down
 
+.PHONY: kind-images
+kind-images: kindenv ## Operator, engine-simulator and router images (no registry needed); kind load them
+	bash hack/kind-images.sh build
+
 .PHONY: kind-e2e
 kind-e2e: ## Build the image, kind load it, helm install the chart, reconcile a sample
 	MAKE="$(MAKE)" bash hack/kind.sh e2e

@@ -10,7 +10,7 @@ if __name__ == "__main__":
         exit_status(
             lambda: run.main(
                 sys.argv[1:],
-                prog_name="pdctl run",
+                prog_name="python -m pd_operator",  # the image has no pdctl
                 standalone_mode=False,
                 # the same context as under pdctl: defaults shown, -h
                 show_default=True,
