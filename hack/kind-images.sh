@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's images for kind, with or without an image registry (docs/testenv.md, "Images
-# without a registry"):
+# The project's images for kind, with or without an image registry (docs/kind.md, "The
+# project's images without a registry"):
 #   hack/kind-images.sh build    the operator, engine-simulator and router images, then
 #                                `kind load` them into the cluster of `make kind-up` when it exists
 #                                (make kind-images)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real kind clusters, with or without an image registry (docs/testenv.md, "Real kind clusters").
+# Real kind clusters, with or without an image registry (docs/kind.md).
 #   hack/kindenv.sh build   docker engine, kind, and a node image (make kindenv); idempotent
 #   hack/kindenv.sh up      build, then the cluster of config/kind/kind-cluster.yaml on the
 #                           pinned network, bridge CNI + routes, all nodes Ready (make kind-up)
