@@ -23,6 +23,9 @@ from pd_operator.core.signals import (
 )
 from pd_tools.enginesim.engine import PDEngine, ReplicaSpec
 from pd_tools.enginesim.engine import Role as EngineRole
+from pd_tools.replay.baselines import OperatorPolicy
+from pd_tools.replay.cluster import Cluster, NodeType
+from pd_tools.replay.offline import simulate
 from pd_tools.replay.offline_metrics import role_signals, scrape
 from pd_tools.workloads.traces import Request
 from pdcases import minimal
@@ -172,3 +175,26 @@ def test_the_engine_simulator_on_a_slow_fabric_breaches_ttft_and_prefill_is_not_
     assert decision is not None and "the fabric (NIXL over TCP), not prefill" in decision.reason
     blind = {**signals, "prefill": replace(signals["prefill"], kv_transfer_seconds=NOT_READ)}
     assert replicas(decide(PROFILED, Observation(blind, pools), PolicyState(), now)) > 1
+
+
+def test_a_replay_on_a_slow_fabric_holds_prefill_and_says_it_is_the_fabric():
+    """The offline replay's cluster carries its KV link: at 188 MB/s each 8K-token hand-off takes
+    8 s, TTFT breaches the 6 s target, and pd-operator's replay keeps one prefill replica, saying
+    why; on the default 100 GB/s link the same load meets its target on one replica too."""
+    requests = [Request(4.0 * i, 8000, 20) for i in range(150)]
+    nodes = (NodeType("mtt-s5000", 2), NodeType("h200", 2))
+    operator = OperatorPolicy(interval_s=30.0)
+    slow = simulate(
+        PROFILED,
+        requests,
+        operator,
+        model=GLM_45_FP8,
+        cluster=Cluster(nodes, link_bytes_per_second=188e6),
+    )
+    assert slow.attainment()["feasible"] < 0.5  # the fabric breaches TTFT for nearly every one
+    assert all(replicas["prefill/p"] == 1 for _, replicas in slow.timeline)
+    # The last decision's reason, as the PDDeployment's status would show it.
+    assert "the fabric (NIXL over TCP), not prefill" in operator.reason, operator.reason
+    fast = simulate(PROFILED, requests, "pd-operator", model=GLM_45_FP8, cluster=Cluster(nodes))
+    assert fast.attainment()["feasible"] > 0.99
+    assert all(replicas["prefill/p"] == 1 for _, replicas in fast.timeline)

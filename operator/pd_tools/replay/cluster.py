@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec
 from pd_operator.core.hardware import HARDWARE_PROFILES
+from pd_tools.enginesim.engine import DEFAULT_LINK_BYTES_PER_SECOND
 from pd_tools.replay.baselines import ROLES
 
 
@@ -28,6 +29,9 @@ class Cluster:
 
     node_types: tuple[NodeType, ...]
     prices: Mapping[str, float] = field(default_factory=dict)
+    # The KV fabric between prefill and decode nodes: each hand-off takes the prompt's KV bytes
+    # over this link (the engine simulator's model), inside the TTFT.
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND
 
     def price(self, profile: str) -> float:
         if profile in self.prices:

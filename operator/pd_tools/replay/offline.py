@@ -320,7 +320,12 @@ def simulate(
         timing.rate_window_s or float(spec.slo.window_seconds),
         MIN_SCRAPES_PER_WINDOW * timing.scrape_interval_s,
     )
-    engine = PDEngine(requests, model=model, routing=routing)
+    engine = PDEngine(
+        requests,
+        model=model,
+        routing=routing,
+        link_bytes_per_second=cluster.link_bytes_per_second,
+    )
     fleet.apply(engine, _initial(chosen, resolved, arrivals, fleet.room()), warm_up=False)
     last_arrival = arrivals.times[-1] if arrivals.times else 0.0
     scrapes: list[Scrape] = []

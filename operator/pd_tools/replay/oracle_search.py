@@ -94,7 +94,12 @@ class _Lookahead:
     ) -> None:
         self.fleet = Fleet(spec, model, cluster, load_s)
         self.feed = _Feed(requests)
-        self.engine = PDEngine(self.feed, model=model, routing=routing)
+        self.engine = PDEngine(
+            self.feed,
+            model=model,
+            routing=routing,
+            link_bytes_per_second=cluster.link_bytes_per_second,
+        )
         self.times = [r.arrival_s for r in requests]
         self.span = self.times[-1] if self.times else 0.0
         self.lowest = {key: pool.replicas.min for key, pool in self.fleet.pools.items()}
