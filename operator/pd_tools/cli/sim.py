@@ -1,6 +1,7 @@
 """`pdctl sim`: the simulators. `sim replay` replays a load offline with a policy in the loop;
 `sim cluster` runs virtual nodes and engines against a real apiserver."""
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -256,6 +257,12 @@ def _cluster_for(
 @click.option("--cluster", help="nodes per profile, e.g. h200=4x8,mtt-s5000=4x8")
 @click.option("--price", multiple=True, help="card-hour price, e.g. h200=3.5 (repeatable)")
 @click.option(
+    "--kv-link",
+    type=POSITIVE,
+    help="the KV fabric between prefill and decode in GB/s (default 100, the engine "
+    "simulator's); e.g. 0.19 for a congested TCP link",
+)
+@click.option(
     "--scrape-interval", type=POSITIVE, default=15.0, help="seconds between metric scrapes"
 )
 @click.option(
@@ -328,6 +335,7 @@ def replay(
     seed: int,
     policy: tuple[str, ...],
     cluster: str | None,
+    kv_link: float | None,
     price: tuple[str, ...],
     scrape_interval: float,
     rate_window: float | None,
@@ -402,6 +410,8 @@ def replay(
                 "request: raise either"
             )
     nodes = _cluster_for(cluster, price, spec, deployment)
+    if kv_link is not None:
+        nodes = dataclasses.replace(nodes, link_bytes_per_second=kv_link * 1e9)
     timing = Timing(
         scrape_interval_s=scrape_interval,
         rate_window_s=rate_window,
