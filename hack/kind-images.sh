@@ -43,16 +43,10 @@ cache_root=${PD_KIND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator/kind}
 cache="$cache_root/app-images"
 kindenv_env="$cache_root/run/kindenv.env"
 
-log() { echo "kind-images: $*" >&2; }
-die() { log "$*"; exit 1; }
+LOG_NAME="kind-images"
+# shellcheck source=hack/lib/timed-steps.sh
+. "$here/lib/timed-steps.sh"
 missing() { log "$*"; exit 2; }
-
-summary=()
-step() {
-  local name=$1 t0=$SECONDS; shift
-  "$@"
-  summary+=("$(printf '%-44s %4ds' "$name" $((SECONDS - t0)))")
-}
 
 # --- The Dockerfile's final stage as `docker import --change` instructions ----------------------
 # One instruction a line; $PATH in ENV is PYTHON_IMAGE's PATH (docker import has no base to expand).
@@ -197,7 +191,7 @@ build_project_image() {  # flavor ref dockerfile
   dockerfile_changes "$dockerfile" >"$work/changes"
   import_image "$root" "$ref" "$inputs" "$work/changes"
   rm -rf "$work"
-  summary+=("$(printf '%-44s %4ds' "$ref" $((SECONDS - t0)))")
+  record "$ref" "$t0"
 }
 
 # --- The router: vllm-router from its wheel ------------------------------------------------------
@@ -224,7 +218,7 @@ build_router_image() {
   router_changes >"$work/changes"
   import_image "$root" "$ref" "$inputs" "$work/changes"
   rm -rf "$work"
-  summary+=("$(printf '%-44s %4ds' "$ref" $((SECONDS - t0)))")
+  record "$ref" "$t0"
 }
 
 # --- Modes, load, summary -------------------------------------------------------------------------
@@ -283,10 +277,7 @@ build() {
   for ref in "$OPERATOR_IMAGE" "$ENGINE_SIM_IMAGE" "$ROUTER_IMAGE"; do
     log "$(printf '%-36s %s MB' "$ref" $(( $("$DOCKER" image inspect -f '{{.Size}}' "$ref") / 1000000 )))"
   done
-  if [ ${#summary[@]} -gt 0 ]; then
-    log "built:"; local s; for s in "${summary[@]}"; do log "  $s"; done
-  fi
-  log "total ${SECONDS}s"
+  print_summary
 }
 
 case "${1:-build}" in

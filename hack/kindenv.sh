@@ -36,21 +36,9 @@ state="$cache_root/run"
 mkdir -p "$bin" "$state"
 build_env=(GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod)
 
-log() { echo "kindenv: $*" >&2; }
-die() { log "$*"; exit 1; }
-
-# Timed steps: what was built and how long each piece took, printed at the end.
-summary=()
-step() {
-  local name=$1 t0=$SECONDS; shift
-  "$@"
-  summary+=("$(printf '%-40s %4ds' "$name" $((SECONDS - t0)))")
-}
-print_summary() {
-  [ ${#summary[@]} -gt 0 ] || { log "everything cached (${SECONDS}s)"; return; }
-  log "built:"; local s; for s in "${summary[@]}"; do log "  $s"; done
-  log "total ${SECONDS}s"
-}
+LOG_NAME=kindenv
+# shellcheck source=hack/lib/timed-steps.sh
+. "$here/lib/timed-steps.sh"
 
 need_root() { [ "$(id -u)" = 0 ] || die "$1 needs root (apt-get, dockerd, debootstrap)"; }
 
@@ -446,18 +434,18 @@ up() {
     local t0=$SECONDS image_args=()
     [ -z "$KIND_NODE_IMAGE" ] || image_args=(--image "$KIND_NODE_IMAGE")
     "$bin/kind" create cluster --name "$CLUSTER" --config "$KIND_CONFIG" "${image_args[@]}" --retain=false
-    summary+=("$(printf '%-40s %4ds' "kind create cluster" $((SECONDS - t0)))")
+    record "kind create cluster" "$t0"
   fi
   confine_network
   "$bin/kind" get kubeconfig --name "$CLUSTER" >"$kubeconfig"
   if [ "$node_image_mode" = local ]; then
     local t0=$SECONDS
     apply_cni
-    summary+=("$(printf '%-40s %4ds' "bridge CNI + routes" $((SECONDS - t0)))")
+    record "bridge CNI + routes" "$t0"
   fi
   local t0=$SECONDS
   k wait --for=condition=Ready nodes --all --timeout=300s
-  summary+=("$(printf '%-40s %4ds' "nodes Ready" $((SECONDS - t0)))")
+  record "nodes Ready" "$t0"
   k get nodes -o wide
   log "context kind-$CLUSTER in ~/.kube/config; a copy: $kubeconfig; kubectl: $bin/kubectl"
   print_summary

@@ -33,6 +33,10 @@ RemovalOrder = Literal["replicaset", "least-work"]
 class _Replica:
     name: str
     node: int
+    # A Ready replica counted when removed: when it went, and the requests it was running then
+    # (each with its tokens still ahead there), to judge its drain once it is gone.
+    removed_s: float | None = None
+    running: list[tuple[Any, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -46,8 +50,6 @@ class RemovalCost:
     cut_tokens: int = 0  # decode: their output tokens still to come at the removal
     held: int = 0  # prompts being prefilled, and requests waiting (sent elsewhere, delayed)
     drain_card_seconds: float = 0.0  # cards held by removed replicas until idle (or the limit)
-    # Per draining replica: when it went, its cards, and the instance with what it ran then.
-    draining: dict[str, tuple[float, int, Any, list[tuple[Any, int]]]] = field(default_factory=dict)
 
     def row(self) -> dict[str, float]:
         return {
@@ -59,6 +61,11 @@ class RemovalCost:
             "requests held or re-routed": self.held,
             "drain card-seconds": round(self.drain_card_seconds, 1),
         }
+
+
+def _not_ready_first(instance: Instance) -> bool:
+    """A ReplicaSet's order among replicas of equal cost: not Ready first (then the newest)."""
+    return instance.state is State.READY
 
 
 class Fleet:
@@ -168,12 +175,10 @@ class Fleet:
         # older ones keep their warm prefix caches); pd-operator's mark puts the Ready ones
         # with the least work first (ties: the most recent). `live` is in placement order.
         live = self.live[key]
-        ranked = sorted(reversed(live), key=lambda r: engine.instance(r.name).state is State.READY)
-        if self.removal == "least-work":
-            ranked = sorted(ranked, key=lambda r: self._work(engine.instance(r.name)))
-        gone = ranked[:count]
+        order = self._work if self.removal == "least-work" else _not_ready_first
+        gone = sorted(reversed(live), key=lambda r: order(engine.instance(r.name)))[:count]
         for replica in gone:
-            self._note_removal(engine, replica.name, self.pools[key].accelerator.per_replica)
+            self._note_removal(engine, replica)
             engine.remove_instance(replica.name)
             self.draining.append(replica)
         self.live[key] = [r for r in live if r not in gone]
@@ -184,8 +189,8 @@ class Fleet:
         work = instance.running + (instance.waiting if instance.role is EngineRole.PREFILL else 0)
         return instance.state is State.READY, work
 
-    def _note_removal(self, engine: PDEngine, name: str, cards: int) -> None:
-        instance = engine.instance(name)
+    def _note_removal(self, engine: PDEngine, replica: _Replica) -> None:
+        instance = engine.instance(replica.name)
         if instance.state is not State.READY or engine.now_s < self.count_removals_from_s:
             return
         running = instance.in_flight()
@@ -197,13 +202,12 @@ class Fleet:
             cost.tokens += sum(tokens for _, tokens in running)
         else:  # a prompt being prefilled finishes there, then its KV cache is handed off
             cost.held += len(running)
-        cost.draining[name] = (engine.now_s, cards, instance, running)
+        replica.removed_s, replica.running = engine.now_s, running
 
-    def _note_drained(self, name: str, now: float) -> None:
-        went = self.removed.draining.pop(name, None)
-        if went is None:
-            return
-        since, cards, instance, running = went
+    def _note_drained(self, instance: Instance, replica: _Replica, cards: int, now: float) -> None:
+        since, running = replica.removed_s, replica.running
+        if since is None:
+            return  # not counted: not Ready when removed, or removed during the warm-up
         deadline = since + self.drain_s
         # It drains until the last request it ran ends there (an idle one goes at once), at
         # most the limit.
@@ -240,9 +244,10 @@ class Fleet:
     def release_drained(self, engine: PDEngine) -> None:
         still = []
         for replica in self.draining:
-            if engine.instance(replica.name).state is State.GONE:
-                self._note_drained(replica.name, engine.now_s)
+            instance = engine.instance(replica.name)
+            if instance.state is State.GONE:
                 pool = self.pools[self._key_of(replica.name)]
+                self._note_drained(instance, replica, pool.accelerator.per_replica, engine.now_s)
                 self.free[replica.node] += pool.accelerator.per_replica
                 self.pods[replica.node] += 1
             else:
