@@ -126,3 +126,20 @@ def test_a_leader_that_cannot_renew_stops_reconciling_and_exits(cluster, api_cli
         stop_thief.set()
         if leader._thread.is_alive():
             leader.stop()
+
+
+def test_the_operator_starts_as_a_uid_the_password_database_does_not_know(
+    cluster, api_client, namespace, monkeypatch
+):
+    # The image runs as uid 65532 with no /etc/passwd entry: getpass.getuser() raises there
+    # (found by make kind-e2e, where the pod crash-looped in kopf's default identity).
+    def unknown_uid() -> str:
+        raise KeyError("getpwuid(): uid not found: 65532")
+
+    monkeypatch.setattr("getpass.getuser", unknown_uid)
+    running = replica(cluster, namespace)
+    try:
+        create_pdd(api_client, namespace, copy.deepcopy(HETERO))
+        wait_for(lambda: len(images(api_client, namespace)) == 2, what="the pools' Deployments")
+    finally:
+        running.stop()

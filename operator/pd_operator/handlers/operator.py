@@ -388,6 +388,10 @@ async def run_operator(
             clusterwide=not namespaces,
             namespaces=namespaces,
             standalone=True,
+            # kopf's default identity asks the password database for the user's name, which
+            # fails for the image's numeric uid 65532 (no /etc/passwd entry): name it here
+            # (a str; kopf does not export its Identity NewType).
+            identity=f"pd-operator@{socket.gethostname()}",  # type: ignore[arg-type]
             liveness_endpoint=liveness_endpoint,
             stop_flag=state.halt,
             ready_flag=ready_flag,
