@@ -93,7 +93,7 @@ kind-images: kindenv ## Operator, engine-simulator and router images (no registr
 	bash hack/kind-images.sh build
 
 .PHONY: kind-e2e
-kind-e2e: ## Build the image, kind load it, helm install the chart, reconcile a sample
+kind-e2e: kindenv ## kind cluster, images, Prometheus, helm install; a TTFT breach scales prefill (tests/kind)
 	MAKE="$(MAKE)" bash hack/kind.sh e2e
 
 .PHONY: demo

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The project's images for kind, with or without an image registry (docs/kind.md, "The
 # project's images without a registry"):
-#   hack/kind-images.sh build    the operator, engine-simulator and router images, then
+#   hack/kind-images.sh build    the operator, engine-simulator, router and Prometheus images, then
 #                                `kind load` them into the cluster of `make kind-up` when it exists
 #                                (make kind-images)
-#   hack/kind-images.sh tags     the three image names, one a line (operator, engine-sim, router)
+#   hack/kind-images.sh tags     the four image names, one a line (operator, engine-sim, router,
+#                                prometheus)
 #   hack/kind-images.sh changes DOCKERFILE
 #                                the `docker import --change` lines made from DOCKERFILE's last
 #                                stage (what the rootfs build gives each image)
@@ -27,6 +28,13 @@ router_version=$(sed -n 's/^VLLM_ROUTER_VERSION = "\(.*\)"$/\1/p' operator/pd_op
 OPERATOR_IMAGE=${OPERATOR_IMAGE:-pd-operator:$app_version}
 ENGINE_SIM_IMAGE=${ENGINE_SIM_IMAGE:-pd-operator/engine-sim:dev}
 ROUTER_IMAGE=${ROUTER_IMAGE:-vllm/vllm-router:v$router_version}
+# The Prometheus of `make kind-e2e` (config/kind/prometheus.yaml): upstream's image where it can be
+# pulled; without a registry the same name is made from Prometheus' Go module (its module version
+# v0.X.Y is release 3.X.Y).
+PROMETHEUS_MODULE_VERSION=${PROMETHEUS_MODULE_VERSION:-v0.316.0}
+prometheus_minor=${PROMETHEUS_MODULE_VERSION#v0.}  # 316.0: release 3.16.0
+PROMETHEUS_VERSION=${prometheus_minor:0:1}.$((10#${prometheus_minor:1:2})).${prometheus_minor#*.}
+PROMETHEUS_IMAGE=${PROMETHEUS_IMAGE:-prom/prometheus:v$PROMETHEUS_VERSION}
 PYTHON_IMAGE=${PYTHON_IMAGE:-python:3.11-slim-bookworm}  # the Dockerfiles' ARG default
 # auto | dockerfile (docker build, docker pull) | rootfs (no registry needed)
 KIND_IMAGES_BUILD=${KIND_IMAGES_BUILD:-auto}
@@ -38,6 +46,7 @@ DOCKER=${DOCKER:-docker}
 BASE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 python_packages=python3,python3-venv,ca-certificates,netbase
 INPUTS_LABEL=pdoperator.io/image-inputs
+NODE_GROUP_LABEL=pdoperator.io/node-group  # config/kind/kind-cluster.yaml's accelerator workers
 
 cache_root=${PD_KIND_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator/kind}
 cache="$cache_root/app-images"
@@ -221,6 +230,59 @@ build_router_image() {
   record "$ref" "$t0"
 }
 
+# --- Prometheus: built from its Go module ----------------------------------------------------------
+prometheus_changes() {
+  printf 'ENV PATH=%s\n' "$BASE_PATH"
+  printf 'LABEL org.opencontainers.image.title="prometheus" org.opencontainers.image.version="%s" org.opencontainers.image.source="github.com/prometheus/prometheus/cmd/prometheus@%s"\n' \
+    "$PROMETHEUS_VERSION" "$PROMETHEUS_MODULE_VERSION"
+  echo 'USER 65534:65534'  # nobody, as upstream's image
+  echo 'EXPOSE 9090'
+  echo 'WORKDIR /prometheus'
+  echo 'ENTRYPOINT ["/bin/prometheus"]'
+  echo 'CMD ["--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/prometheus"]'
+}
+
+# Debian's prometheus package (the tests' local Prometheus) is built without Kubernetes service
+# discovery, which an in-cluster Prometheus needs: the binary comes from the Go module proxy, with
+# only that discovery mechanism compiled in (Prometheus' remove_all_sd / enable_*_sd build tags).
+prometheus_binary=""
+ensure_prometheus_binary() {
+  prometheus_binary="$cache/bin/prometheus-$PROMETHEUS_MODULE_VERSION"
+  [ -x "$prometheus_binary" ] && return 0
+  step "prometheus $PROMETHEUS_VERSION (go install)" build_prometheus_binary
+}
+
+build_prometheus_binary() {
+  command -v go >/dev/null || missing "go not found: the in-cluster Prometheus is built from its Go module"
+  local gobin="$cache/bin/gobin.tmp"
+  rm -rf "$gobin"; mkdir -p "$gobin"
+  (cd "$cache" && GOBIN="$gobin" CGO_ENABLED=0 GOFLAGS=-mod=mod go install \
+    -tags remove_all_sd,enable_kubernetes_sd -trimpath -ldflags=-s \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_MODULE_VERSION") \
+    >"$cache/prometheus-build.log" 2>&1 || die "building Prometheus failed; see $cache/prometheus-build.log"
+  mv "$gobin/prometheus" "$prometheus_binary"
+  rm -rf "$gobin"
+}
+
+build_prometheus_image() {
+  local ref=$1 work="$cache/work-prometheus"
+  ensure_prometheus_binary
+  local inputs; inputs=$( { sha256sum "$prometheus_binary" "$0"; echo "$python_rootfs"; } | sha256sum | cut -c1-12)
+  if [ "$(image_inputs "$ref")" = "$inputs" ]; then
+    log "$ref: up to date ($inputs)"; return 0
+  fi
+  local t0=$SECONDS root="$work/root"
+  rm -rf "$work"; mkdir -p "$work"; fresh_root "$root"
+  install -m 0755 "$prometheus_binary" "$root/bin/prometheus"
+  install -d -o 65534 -g 65534 "$root/prometheus" "$root/etc/prometheus"
+  printf 'scrape_configs: []\n' >"$root/etc/prometheus/prometheus.yml"
+  chroot "$root" /bin/prometheus --version >/dev/null
+  prometheus_changes >"$work/changes"
+  import_image "$root" "$ref" "$inputs" "$work/changes"
+  rm -rf "$work"
+  record "$ref" "$t0"
+}
+
 # --- Modes, load, summary -------------------------------------------------------------------------
 offline_engine() {  # the engine kindenv started (its runtime wrapper), where nothing is pulled
   "$DOCKER" info --format '{{json .Runtimes}}' 2>/dev/null | grep -q pd-runc-nosysresource
@@ -230,7 +292,10 @@ build_with_dockerfiles() {
   step "$OPERATOR_IMAGE (docker build)" env DOCKER_BUILDKIT=1 "$DOCKER" build -t "$OPERATOR_IMAGE" .
   step "$ENGINE_SIM_IMAGE (docker build)" env DOCKER_BUILDKIT=1 "$DOCKER" build \
     -f Dockerfile.engine-sim -t "$ENGINE_SIM_IMAGE" .
-  "$DOCKER" image inspect "$ROUTER_IMAGE" >/dev/null 2>&1 || step "$ROUTER_IMAGE (docker pull)" "$DOCKER" pull "$ROUTER_IMAGE"
+  local ref
+  for ref in "$ROUTER_IMAGE" "$PROMETHEUS_IMAGE"; do
+    "$DOCKER" image inspect "$ref" >/dev/null 2>&1 || step "$ref (docker pull)" "$DOCKER" pull "$ref"
+  done
 }
 
 build_from_rootfs() {
@@ -241,18 +306,36 @@ build_from_rootfs() {
   build_project_image operator "$OPERATOR_IMAGE" Dockerfile
   build_project_image engine-sim "$ENGINE_SIM_IMAGE" Dockerfile.engine-sim
   build_router_image "$ROUTER_IMAGE"
+  build_prometheus_image "$PROMETHEUS_IMAGE"
 }
 
 kind_load() {
-  local kind; kind=$( [ -f "$kindenv_env" ] && sed -n 's/^KIND=//p' "$kindenv_env" || true)
-  kind=${KIND:-${kind:-kind}}
+  local kind kubectl kubeconfig
+  kind=$(sed -n 's/^KIND=//p' "$kindenv_env" 2>/dev/null || true); kind=${KIND:-${kind:-kind}}
+  kubectl=$(sed -n 's/^KUBECTL=//p' "$kindenv_env" 2>/dev/null || true)
+  kubeconfig=$(sed -n 's/^KUBECONFIG_FILE=//p' "$kindenv_env" 2>/dev/null || true)
   if ! command -v "$kind" >/dev/null 2>&1 || ! "$kind" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "no kind cluster '$CLUSTER': images built, not loaded (make kind-up, then this again)"
     return 0
   fi
+  # Engine pods run only on the workers of a node group (they carry the fake cards); the
+  # operator, router and Prometheus only on the others (the group workers are tainted, the
+  # control plane too). Each image goes only where it can run: half the copying of loading all.
+  local groups="" plain=""
+  if [ -x "$kubectl" ] && [ -f "$kubeconfig" ]; then
+    groups=$("$kubectl" --kubeconfig "$kubeconfig" get nodes -l "$NODE_GROUP_LABEL" -o name | sed 's|^node/||' | paste -sd, -)
+    plain=$("$kubectl" --kubeconfig "$kubeconfig" get nodes -l "!$NODE_GROUP_LABEL,!node-role.kubernetes.io/control-plane" -o name | sed 's|^node/||' | paste -sd, -)
+  fi
   # kind skips the nodes that already hold an image with the same ID.
-  step "kind load (cluster $CLUSTER)" "$kind" load docker-image "$OPERATOR_IMAGE" "$ENGINE_SIM_IMAGE" \
-    "$ROUTER_IMAGE" --name "$CLUSTER"
+  if [ -n "$groups" ] && [ -n "$plain" ]; then
+    step "kind load engine simulator ($groups)" "$kind" load docker-image "$ENGINE_SIM_IMAGE" \
+      --name "$CLUSTER" --nodes "$groups"
+    step "kind load operator, router, Prometheus ($plain)" "$kind" load docker-image \
+      "$OPERATOR_IMAGE" "$ROUTER_IMAGE" "$PROMETHEUS_IMAGE" --name "$CLUSTER" --nodes "$plain"
+  else
+    step "kind load (cluster $CLUSTER, every node)" "$kind" load docker-image "$OPERATOR_IMAGE" \
+      "$ENGINE_SIM_IMAGE" "$ROUTER_IMAGE" "$PROMETHEUS_IMAGE" --name "$CLUSTER"
+  fi
 }
 
 build() {
@@ -274,7 +357,7 @@ build() {
   esac
   kind_load
   local ref
-  for ref in "$OPERATOR_IMAGE" "$ENGINE_SIM_IMAGE" "$ROUTER_IMAGE"; do
+  for ref in "$OPERATOR_IMAGE" "$ENGINE_SIM_IMAGE" "$ROUTER_IMAGE" "$PROMETHEUS_IMAGE"; do
     log "$(printf '%-36s %s MB' "$ref" $(( $("$DOCKER" image inspect -f '{{.Size}}' "$ref") / 1000000 )))"
   done
   print_summary
@@ -282,7 +365,7 @@ build() {
 
 case "${1:-build}" in
   build) build ;;
-  tags) printf '%s\n' "$OPERATOR_IMAGE" "$ENGINE_SIM_IMAGE" "$ROUTER_IMAGE" ;;
+  tags) printf '%s\n' "$OPERATOR_IMAGE" "$ENGINE_SIM_IMAGE" "$ROUTER_IMAGE" "$PROMETHEUS_IMAGE" ;;
   changes) [ -f "${2:-}" ] || { echo "usage: $0 changes DOCKERFILE" >&2; exit 64; }; dockerfile_changes "$2" ;;
   *) echo "usage: $0 build|tags|changes DOCKERFILE" >&2; exit 64 ;;
 esac

@@ -1,4 +1,5 @@
-"""Test tiers: everything under tests/integration and tests/e2e is marked `integration`.
+"""Test tiers: everything under tests/integration and tests/e2e is marked `integration`;
+tests/kind runs only through `make kind-e2e` (a real kind cluster, PD_KIND_KUBECONFIG set).
 
 With CI=true, property tests run on the same examples every time (Hypothesis' `derandomize`):
 a developer's run draws anew and finds a rare failing draw (one did, 2026-12-01, in the
@@ -17,6 +18,8 @@ if os.environ.get("CI") == "true":
     settings.load_profile("ci")
 
 INTEGRATION_DIRS = ("integration", "e2e")
+# Not part of `make test`: hack/kind.sh e2e builds the cluster these tests need, then runs them.
+collect_ignore = [] if os.environ.get("PD_KIND_KUBECONFIG") else ["kind"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

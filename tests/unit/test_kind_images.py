@@ -15,7 +15,13 @@ from pd_operator.core.router import DEFAULT_IMAGES
 from pdcases import ROOT
 
 SCRIPT = ROOT / "hack" / "kind-images.sh"
-OVERRIDES = ("OPERATOR_IMAGE", "ENGINE_SIM_IMAGE", "ROUTER_IMAGE")
+OVERRIDES = (
+    "OPERATOR_IMAGE",
+    "ENGINE_SIM_IMAGE",
+    "ROUTER_IMAGE",
+    "PROMETHEUS_IMAGE",
+    "PROMETHEUS_MODULE_VERSION",
+)
 # PYTHON_IMAGE's PATH, which the Dockerfiles' `$PATH` stands for.
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -56,14 +62,22 @@ def test_imported_image_config_is_the_dockerfiles_final_stage(dockerfile: str):
 
 
 def test_image_names_are_what_the_chart_the_operator_and_the_docs_use():
-    operator, engine_sim, router = script("tags")
+    operator, engine_sim, router, prometheus = script("tags")
     chart = yaml.safe_load((ROOT / "charts" / "pd-operator" / "Chart.yaml").read_text())
     values = yaml.safe_load((ROOT / "charts" / "pd-operator" / "values.yaml").read_text())
     repository, tag = values["image"]["repository"], values["image"]["tag"] or chart["appVersion"]
     assert operator == f"{repository}:{tag}"  # helm install without --set image.*
     assert router == DEFAULT_IMAGES["VLLM"]  # a router pod starts from what kind load put there
     assert f"image: {engine_sim}" in (ROOT / "docs" / "install.md").read_text()
+    # The in-cluster Prometheus of make kind-e2e starts from what kind load put there.
+    manifest = yaml.safe_load_all((ROOT / "config" / "kind" / "prometheus.yaml").read_text())
+    (deployment,) = [doc for doc in manifest if doc["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == prometheus
+    # Prometheus' Go module v0.316.0 is its release 3.16.0.
+    assert prometheus == "prom/prometheus:v3.16.0"
     # `latest` would default imagePullPolicy to Always, which fails for a loaded image.
     assert not any(
-        ref.endswith(":latest") or ":" not in ref for ref in (operator, engine_sim, router)
+        ref.endswith(":latest") or ":" not in ref
+        for ref in (operator, engine_sim, router, prometheus)
     )
