@@ -136,7 +136,10 @@ import_image() {  # root ref inputs-hash changes-file
   local root=$1 ref=$2 inputs=$3 changes=() line
   while IFS= read -r line; do changes+=(--change "$line"); done <"$4"
   changes+=(--change "LABEL $INPUTS_LABEL=$inputs")
+  local replaced; replaced=$("$DOCKER" image inspect -f '{{.Id}}' "$ref" 2>/dev/null || true)
   tar -C "$root" --numeric-owner -c . | "$DOCKER" import "${changes[@]}" - "$ref" >/dev/null
+  # The image this one replaces would stay behind untagged, a few hundred MB each rebuild.
+  [ -z "$replaced" ] || "$DOCKER" image rm "$replaced" >/dev/null 2>&1 || true
 }
 
 # The project's source as the Dockerfile's COPY lines give it to the build stage.
