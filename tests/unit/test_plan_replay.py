@@ -1,5 +1,6 @@
 """`pdctl plan --replay`: a plan replayed on its trace, and grown where bursts break it."""
 
+import dataclasses
 import itertools
 import json
 import random
@@ -11,7 +12,7 @@ import yaml
 from pd_operator.api.document import parse_pddeployment
 from pd_operator.core.hardware import GLM_45_FP8, H200_SXM, MTT_S5000
 from pd_tools.cli.main import main
-from pd_tools.planner.plan_replay import ReplaySearch, cheapest_replayed
+from pd_tools.planner.plan_replay import Replayed, ReplaySearch, cheapest_replayed, replay_plan
 from pd_tools.planner.sizing import (
     Candidate,
     Plan,
@@ -234,3 +235,48 @@ def test_pdctl_plan_replay_without_a_trace_replays_a_poisson_load_of_the_flags(
     assert replay["met"] and replay["replays"] == 1
     assert 1100 <= replay["requests"] <= 1300  # Poisson arrivals at 2/s for 600 s
     assert replay["steps"][-1]["pools"] == {"prefill/mtt-s5000": 1, "decode/mtt-s5000": 2}
+
+
+def test_a_slower_kv_fabric_is_planned_and_replayed_with_its_hand_off_in_the_ttft() -> None:
+    """`pdctl plan --kv-link`: each 4K prompt's KV cache crosses the fabric inside its TTFT.
+    At 1 GB/s that hand-off takes most of a second, so the plan predicts a TTFT that much longer,
+    and its replay hands KV over the same link: under a 500 ms target the same pools meet it
+    with the default fabric and miss it over 1 GB/s."""
+    requests = steady(0.5)[:120]
+    workload = workload_of(requests)
+    fast = plan(workload, SLO, GLM_45_FP8, CANDIDATES)
+    slow = plan(workload, SLO, GLM_45_FP8, CANDIDATES, link_bytes_per_second=1e9)
+    assert fast is not None and slow is not None
+    assert slow.link_bytes_per_second == 1e9
+    assert slow.ttft_ms > fast.ttft_ms + 500
+
+    def first_replay_meeting_ttft(link: float) -> float:
+        sized = dataclasses.replace(
+            fast, link_bytes_per_second=link, target=Target(ttft_ms=500, itl_ms=SLO.itl_ms)
+        )
+        steps: list[Replayed] = []
+        # No dearer plan is worth replaying: the plan's own pools are replayed once.
+        replay_plan(
+            sized,
+            requests,
+            GLM_45_FP8,
+            model_name=MODEL_NAME,
+            progress=steps.append,
+            below_cost=sized.cost_per_hour + 1e-6,
+        )
+        return steps[0].ttft
+
+    assert first_replay_meeting_ttft(100e9) > 0.9
+    assert first_replay_meeting_ttft(1e9) < 0.1
+
+
+def test_pdctl_plan_names_the_fabric_when_the_hand_off_alone_misses_the_ttft(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["plan", "--rate", "4", "--input-tokens", "6000", "--output-tokens", "300"]
+    argv += ["--ttft-ms", "2000", *CANDIDATE_FLAGS]
+    assert main([*argv, "--kv-link", "1"]) == 0
+    assert "KV hand-off over 1 GB/s" in capsys.readouterr().out
+    assert main([*argv, "--kv-link", "0.19"]) == 1
+    err = capsys.readouterr().err
+    assert "of it the KV hand-off over 0.19 GB/s" in err and "--kv-link" in err

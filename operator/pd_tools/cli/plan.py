@@ -119,7 +119,8 @@ def plan_text(result: "Plan") -> str:
     payback = result.payback_hours
     lines = [
         tables.render(("role", "profile", "replicas", "cards", "cost/h"), rows),
-        f"predicted TTFT {result.ttft_ms:,.0f} ms (target {result.target.ttft_ms:,.0f}), "
+        f"predicted TTFT {result.ttft_ms:,.0f} ms (target {result.target.ttft_ms:,.0f}; KV "
+        f"hand-off over {result.link_bytes_per_second / 1e9:g} GB/s inside it), "
         f"ITL {result.itl_ms:.1f} ms (target {result.target.itl_ms:,.0f})",
         f"cost {result.cost_per_hour:,.2f}/h, {result.cost_per_million_tokens:.3f} per million "
         f"tokens; revenue {result.revenue_per_hour:,.2f}/h",
@@ -176,6 +177,13 @@ def plan_text(result: "Plan") -> str:
     "holds (the queueing model assumes Poisson arrivals at the mean rate; a trace's replay "
     "takes prefix reuse from its hash_ids, not --cache-hit)",
 )
+@click.option(
+    "--kv-link",
+    type=POSITIVE,
+    default=100.0,
+    help="the KV fabric between prefill and decode in GB/s: each prompt's KV cache crosses it "
+    "inside the TTFT (default 100, as the engine simulator; e.g. 0.19 for a congested TCP link)",
+)
 @click.option("--input-price", type=NON_NEGATIVE, default=8.0, help="per million input tokens")
 @click.option("--cached-price", type=NON_NEGATIVE, default=2.0, help="per million cached tokens")
 @click.option("--output-price", type=NON_NEGATIVE, default=8.0, help="per million output tokens")
@@ -211,6 +219,7 @@ def plan(
     length_cv: float,
     candidate: tuple[str, ...],
     replay: bool,
+    kv_link: float,
     input_price: float,
     cached_price: float,
     output_price: float,
@@ -263,6 +272,7 @@ def plan(
     requests, hit = _plan_trace(load, profile)
     workload = _workload_from(load, length_cv, requests, hit)
     target = Target(ttft_ms, itl_ms, share)
+    link = kv_link * 1e9
     replayed = None
     if replay:
         replayed = cheapest_replayed(
@@ -274,12 +284,15 @@ def plan(
             model_name=model_name,
             prices=prices,
             progress=lambda step: print(f"pdctl plan: replayed {step_line(step)}", file=sys.stderr),
+            link_bytes_per_second=link,
         )
         result = replayed.chosen.plan if replayed else None
     else:
-        result = cheapest(workload, target, profile, candidates, prices=prices)
+        result = cheapest(
+            workload, target, profile, candidates, prices=prices, link_bytes_per_second=link
+        )
     if result is None:
-        reason = no_plan_reason(workload, target, profile, candidates)
+        reason = no_plan_reason(workload, target, profile, candidates, link_bytes_per_second=link)
         print(f"pdctl plan: no candidate mix meets the SLO: {reason}", file=sys.stderr)
         return 1
     shortfall = replay_shortfall(replayed) if replayed is not None and not replayed.met else None

@@ -30,6 +30,7 @@ from pd_operator.api.document import parse_pddeployment
 from pd_operator.api.spec import ROLE_NAMES, Role
 from pd_operator.core.hardware import ModelProfile
 from pd_tools.planner.sizing import (
+    DEFAULT_LINK_BYTES_PER_SECOND,
     MAX_REPLICAS,
     Candidate,
     Plan,
@@ -42,6 +43,7 @@ from pd_tools.planner.sizing import (
     plan,
 )
 from pd_tools.replay.baselines import StaticPeak
+from pd_tools.replay.cluster import Cluster
 from pd_tools.replay.offline import simulate
 from pd_tools.replay.results import SimResult
 from pd_tools.workloads.traces import Request
@@ -147,10 +149,18 @@ def cheapest_replayed(
     model_name: str,
     prices: TokenPrices | None = None,
     progress: Callable[[Replayed], None] | None = None,
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND,
 ) -> ReplaySearch | None:
     """The cheapest plan whose replay of `requests` meets the target's share; None when the
     queueing model finds no plan at all (`core.planner.no_plan_reason` says why)."""
-    ordered = _mixes(workload, target, model, candidates, prices or TokenPrices())
+    ordered = _mixes(
+        workload,
+        target,
+        model,
+        candidates,
+        prices=prices or TokenPrices(),
+        link_bytes_per_second=link_bytes_per_second,
+    )
     if not ordered:
         return None
     budget = _Budget(MAX_REPLAYS)
@@ -183,7 +193,9 @@ def _mixes(
     target: Target,
     model: ModelProfile,
     candidates: Sequence[Candidate],
+    *,
     prices: TokenPrices,
+    link_bytes_per_second: float,
 ) -> list[Plan]:
     """The queueing model's cheapest plan for every subset of the candidates per role (each
     role's pools from one subset's plan, the other role's from another's), within the
@@ -192,7 +204,17 @@ def _mixes(
         planned
         for size in range(len(candidates), 0, -1)
         for subset in itertools.combinations(candidates, size)
-        if (planned := plan(workload, target, model, subset, prices=prices)) is not None
+        if (
+            planned := plan(
+                workload,
+                target,
+                model,
+                subset,
+                prices=prices,
+                link_bytes_per_second=link_bytes_per_second,
+            )
+        )
+        is not None
     ]
     if not found:
         return []
@@ -206,7 +228,9 @@ def _mixes(
         pools = prefill + decode
         if not _within_limits(pools):
             continue
-        ttft_ms, itl_ms = evaluate(workload, target, model, pools)
+        ttft_ms, itl_ms = evaluate(
+            workload, target, model, pools, link_bytes_per_second=link_bytes_per_second
+        )
         plans.append(replace(base, pools=pools, ttft_ms=ttft_ms, itl_ms=itl_ms))
     return sorted(plans, key=lambda p: p.cost_per_hour)
 
@@ -268,7 +292,13 @@ def replay_plan(
             break  # at the limits, no cheaper than a confirmed plan, or out of replays
         steps.append(replayed(pools)[0])
     final = steps[-1].pools
-    ttft_ms, itl_ms = evaluate(planned.workload, planned.target, model, final)
+    ttft_ms, itl_ms = evaluate(
+        planned.workload,
+        planned.target,
+        model,
+        final,
+        link_bytes_per_second=planned.link_bytes_per_second,
+    )
     return PlanReplay(
         replace(planned, pools=final, ttft_ms=ttft_ms, itl_ms=itl_ms),
         tuple(steps),
@@ -303,7 +333,9 @@ def _run(
     document = deployment_document(sized, name=REPLAY_NAME, model_name=model_name)
     spec = parse_pddeployment(document).spec
     fixed = StaticPeak({(cast(Role, p.role), p.name): p.replicas for p in sized.pools}, name="plan")
-    return simulate(spec, requests, fixed, model=model)
+    # The replay hands KV over the fabric the plan was sized for.
+    cluster = replace(Cluster.fitting(spec), link_bytes_per_second=sized.link_bytes_per_second)
+    return simulate(spec, requests, fixed, model=model, cluster=cluster)
 
 
 def _replayed(pools: tuple[PoolPlan, ...], result: SimResult) -> Replayed:

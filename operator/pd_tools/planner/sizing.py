@@ -212,6 +212,8 @@ class Plan:
     # Share of requests (by the length mix) that miss the TTFT target even on an idle replica
     # of the fastest candidate: no plan serves them in time, so they are not planned for.
     infeasible_share: float = 0.0
+    # The KV fabric between prefill and decode the plan was sized for (its hand-off is in TTFT).
+    link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND
 
     @property
     def cost_per_hour(self) -> float:
@@ -254,6 +256,7 @@ class Plan:
             "revenue_per_hour": self.revenue_per_hour,
             "payback_hours": self.payback_hours,
             "infeasible_share": self.infeasible_share,
+            "kv_link_gb_per_second": self.link_bytes_per_second / 1e9,
         }
 
 
@@ -529,6 +532,7 @@ def _search(
         itl_ms=decode[1],
         revenue_per_hour=prices.revenue_per_hour(workload),
         infeasible_share=infeasible,
+        link_bytes_per_second=link_bytes_per_second,
     )
 
 
@@ -596,7 +600,16 @@ def no_plan_reason(
             kv_transfer_seconds(round(i), model, link_bytes_per_second)
             for i, _, _ in workload.classes()
         ]
-        shortest = min(_fastest_alone(workload, model, candidates, transfer)) * 1000
+        alone = _fastest_alone(workload, model, candidates, transfer)
+        fastest = min(range(len(alone)), key=alone.__getitem__)
+        shortest, hand_off = alone[fastest] * 1000, transfer[fastest] * 1000
+        if hand_off >= target.ttft_ms / 2:  # the fabric, not the cards, is what is too slow
+            return (
+                f"no prompt meets the TTFT target of {target.ttft_ms:g} ms even alone on an idle "
+                f"replica (the shortest takes {shortest:,.0f} ms, {hand_off:,.0f} ms of it the KV "
+                f"hand-off over {link_bytes_per_second / 1e9:g} GB/s): a faster KV fabric "
+                "(--kv-link) or a higher --ttft-ms"
+            )
         return (
             f"no prompt meets the TTFT target of {target.ttft_ms:g} ms even alone on an idle "
             f"replica (the shortest takes {shortest:,.0f} ms on the fastest candidate): raise "
