@@ -324,11 +324,13 @@ kind_load() {
   # Engine pods run only on the workers of a node group (they carry the fake cards); the
   # operator, router and Prometheus only on the others (the group workers are tainted, the
   # control plane too). Each image goes only where it can run: half the copying of loading all.
-  local groups="" plain=""
-  if [ -x "$kubectl" ] && [ -f "$kubeconfig" ]; then
-    groups=$("$kubectl" --kubeconfig "$kubeconfig" get nodes -l "$NODE_GROUP_LABEL" -o name | sed 's|^node/||' | paste -sd, -)
-    plain=$("$kubectl" --kubeconfig "$kubeconfig" get nodes -l "!$NODE_GROUP_LABEL,!node-role.kubernetes.io/control-plane" -o name | sed 's|^node/||' | paste -sd, -)
+  local workers="" groups plain
+  if [ -x "$kubectl" ] && [ -f "$kubeconfig" ]; then  # one list: each worker and its node group
+    workers=$("$kubectl" --kubeconfig "$kubeconfig" get nodes -l '!node-role.kubernetes.io/control-plane' \
+      --no-headers -o "custom-columns=NAME:.metadata.name,GROUP:.metadata.labels.${NODE_GROUP_LABEL//./\\.}")
   fi
+  groups=$(awk '$2 != "<none>" { print $1 }' <<<"$workers" | paste -sd, -)
+  plain=$(awk '$2 == "<none>" { print $1 }' <<<"$workers" | paste -sd, -)
   # kind skips the nodes that already hold an image with the same ID.
   if [ -n "$groups" ] && [ -n "$plain" ]; then
     step "kind load engine simulator ($groups)" "$kind" load docker-image "$ENGINE_SIM_IMAGE" \
