@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client, config, watch
 
 from pd_tools.localcluster import LocalCluster
 from pd_tools.localcluster.processes import free_port
@@ -119,24 +119,49 @@ def wait_converged(
     custom: client.CustomObjectsApi, created: dict[str, float], timeout: float
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Seconds from creation until (1) the operator applied the children and wrote status,
-    (2) the Deployments' pods exist (the controller-manager's share comes in here)."""
+    (2) the Deployments' pods exist (the controller-manager's share comes in here).
+
+    One watch, not a list of every object a few times a second: the polling list cost about a
+    tenth of the apiserver's CPU during the run, on the same two cores as what it measures.
+    """
     applied: dict[str, float] = {}
     pods_made: dict[str, float] = {}
     deadline = time.monotonic() + timeout
-    while len(pods_made) < len(created) and time.monotonic() < deadline:
-        items = custom.list_namespaced_custom_object(
+
+    def note(item: dict[str, Any]) -> None:
+        status = item.get("status") or {}
+        name = item["metadata"]["name"]
+        pools = status.get("pools") or []
+        if name in created and status.get("observedGeneration") == 1 and len(pools) == 2:
+            now = time.monotonic()
+            applied.setdefault(name, now - created[name])
+            if all(p["replicas"] == p["desiredReplicas"] for p in pools):
+                pods_made.setdefault(name, now - created[name])
+
+    def relist() -> str:
+        listed = custom.list_namespaced_custom_object(
             "pdoperator.io", "v1alpha1", NAMESPACE, "pddeployments"
-        )["items"]
-        now = time.monotonic()
-        for item in items:
-            status = item.get("status") or {}
-            name = item["metadata"]["name"]
-            pools = status.get("pools") or []
-            if status.get("observedGeneration") == 1 and len(pools) == 2:
-                applied.setdefault(name, now - created[name])
-                if all(p["replicas"] == p["desiredReplicas"] for p in pools):
-                    pods_made.setdefault(name, now - created[name])
-        time.sleep(0.25)
+        )
+        for item in listed["items"]:
+            note(item)
+        return str(listed["metadata"]["resourceVersion"])
+
+    version = relist()
+    while len(pods_made) < len(created) and time.monotonic() < deadline:
+        stream = watch.Watch()
+        remaining = max(1, int(deadline - time.monotonic()))
+        for event in stream.stream(
+            custom.list_namespaced_custom_object, "pdoperator.io", "v1alpha1", NAMESPACE,
+            "pddeployments", resource_version=version, timeout_seconds=min(remaining, 60),
+        ):  # fmt: skip
+            if event["type"] == "ERROR":  # e.g. 410 Gone: list again, watch from there
+                version = relist()
+                break
+            item = event["object"]
+            version = item["metadata"]["resourceVersion"]
+            note(item)
+            if len(pods_made) == len(created):
+                stream.stop()
     return applied, pods_made
 
 
