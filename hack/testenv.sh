@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Provisions the test control plane binaries (etcd, kube-apiserver, kube-controller-manager,
-# kubectl, helm) and Prometheus into a cache outside the repo, reused when present.
+# kubectl, helm, the LeaderWorkerSet controller and its CRD) and Prometheus into a cache outside
+# the repo, reused when present.
 # Prints the bin directory on its last line of stdout. See docs/testenv.md.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
 HELM_VERSION=${HELM_VERSION:-v4.3.2}
+# Pinned by hack/testbin/lws/go.mod (the controller is built from it, the CRD copied from it).
+LWS_VERSION=v0.7.0
 ENVTEST_TIMEOUT=${ENVTEST_TIMEOUT:-60}
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,6 +60,28 @@ build_helm() {
   GOBIN="$bin_dir" env "${build_env[@]}" go install -trimpath -ldflags="-s -w" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
 }
 
+build_lws() {
+  local t0
+  t0=$(date +%s)
+  log "building lws-controller $LWS_VERSION from the Go module proxy"
+  (cd "$here/testbin/lws" && env "${build_env[@]}" go build -trimpath \
+     -ldflags="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION" \
+     -o "$bin_dir/lws-controller" sigs.k8s.io/lws/cmd)
+  log "built lws-controller in $(( $(date +%s) - t0 ))s"
+}
+
+copy_lws_manifests() {
+  # The CRD and webhook configurations from the module the controller is built from, so that
+  # the schema and the webhooks always match the code (pd_tools/localcluster/lws.py reads them).
+  local dir tmp=$bin_dir/lws-manifests.tmp
+  dir=$(cd "$here/testbin/lws" && env "${build_env[@]}" go list -m -f '{{.Dir}}' sigs.k8s.io/lws)
+  rm -rf "$tmp" && mkdir -p "$tmp/crd" "$tmp/webhook"
+  cp "$dir"/config/crd/bases/*.yaml "$tmp/crd/"
+  cp "$dir"/config/webhook/{manifests,mutating-patch,validating-patch}.yaml "$tmp/webhook/"
+  chmod -R u+w "$tmp"
+  mv "$tmp" "$bin_dir/lws-manifests"
+}
+
 ensure_prometheus() {
   if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then return 0; fi
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -93,6 +118,8 @@ if ! { have etcd && have kube-apiserver && have kubectl; }; then
 fi
 have kube-controller-manager || build_kubernetes kube-controller-manager
 have helm || build_helm
+have lws-controller || build_lws
+[ -d "$bin_dir/lws-manifests" ] || copy_lws_manifests
 ensure_prometheus
 elapsed=$(( $(date +%s) - start ))
 [ "$elapsed" -gt 5 ] && log "provisioned in ${elapsed}s"

@@ -48,6 +48,20 @@ def cluster() -> Iterator[LocalCluster | ExistingCluster]:
     local.stop()
 
 
+@pytest.fixture(scope="module")
+def lws_cluster() -> Iterator[LocalCluster]:
+    """A private local control plane that also runs the LeaderWorkerSet controller (and the
+    StatefulSet controller it needs); only the modules that ask for it pay for it."""
+    try:
+        local = LocalCluster(lws=True)
+        local.start()
+    except LocalClusterError as error:
+        _unavailable("local control plane with the LeaderWorkerSet controller", error)
+    print(f"\nlocal control plane with LWS ready in {local.startup_seconds:.1f}s at {local.server}")
+    yield local
+    local.stop()
+
+
 @pytest.fixture(scope="session")
 def prometheus() -> Iterator[LocalPrometheus]:
     try:

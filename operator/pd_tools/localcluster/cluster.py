@@ -2,7 +2,8 @@
 
 Like controller-runtime's envtest, plus the controller-manager so that Deployments create
 ReplicaSets and Pods, namespaces are finalized and owner references garbage-collect. No kubelet
-and no scheduler: the mock scheduler (pd_operator.sim) plays both for simulated nodes.
+and no scheduler: the mock scheduler (pd_operator.sim) plays both for simulated nodes. On
+request (`lws=True`) also the LeaderWorkerSet controller, for multi-node pools.
 """
 
 import json
@@ -18,6 +19,7 @@ from types import TracebackType
 import yaml
 
 from pd_operator.api.crd import crd_files
+from pd_tools.localcluster import lws as lws_controller
 from pd_tools.localcluster.pki import CertificateAuthority, KeyPair, service_account_keys
 from pd_tools.localcluster.processes import (
     LocalClusterError,
@@ -25,6 +27,7 @@ from pd_tools.localcluster.processes import (
     find_binary,
     free_port,
     http_ok,
+    port_open,
 )
 
 # The benchmarking range (RFC 2544): allocated to Services, never routed or dialled by anything
@@ -132,10 +135,13 @@ class LocalCluster(KubectlCluster):
         install_crds: bool = True,
         keep_dir: bool = False,
         admission_plugins: Sequence[str] = (),
+        lws: bool = False,
     ) -> None:
         """`admission_plugins`: enabled besides the apiserver's defaults (e.g. OpenShift's
-        OwnerReferencesPermissionEnforcement)."""
+        OwnerReferencesPermissionEnforcement). `lws`: also install the LeaderWorkerSet CRD and
+        run its controller (and the StatefulSet controller it needs)."""
         self.install_crds = install_crds
+        self.lws = lws
         self.keep_dir = keep_dir
         self.admission_plugins = tuple(admission_plugins)
         self.dir = Path(tempfile.mkdtemp(prefix="pd-localcluster-"))
@@ -166,6 +172,8 @@ class LocalCluster(KubectlCluster):
                 for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
             }
             self.kubectl_path = binaries["kubectl"]
+            # Looked up first: a missing binary fails before anything is started.
+            lws_binary = lws_controller.binary() if self.lws else None
             pki_dir = self.dir / "pki"
             pki_dir.mkdir()
             ca = CertificateAuthority(pki_dir)
@@ -175,7 +183,11 @@ class LocalCluster(KubectlCluster):
             # PDDeployments from the start instead of after its next discovery resync.
             if self.install_crds:
                 self.apply_crds()
+            if lws_binary:
+                self._apply_lws_crd(lws_binary)
             self._start_controller_manager(binaries["kube-controller-manager"], ca)
+            if lws_binary:
+                self._start_lws_controller(lws_binary, ca)
         except BaseException:
             self.stop()
             raise
@@ -249,6 +261,7 @@ class LocalCluster(KubectlCluster):
             _kubeconfig(self.server, ca.cert_path, identity, "system:kube-controller-manager")
         )
         port = free_port()
+        controllers = CONTROLLERS + (list(lws_controller.KCM_CONTROLLERS) if self.lws else [])
         manager = self._spawn(
             "kube-controller-manager",
             [
@@ -259,7 +272,7 @@ class LocalCluster(KubectlCluster):
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self.dir / 'controller-manager'}",
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(controllers)}",
                 "--use-service-account-credentials=true",
                 f"--service-account-private-key-file={self.dir / 'pki' / 'sa.key'}",
                 f"--root-ca-file={ca.cert_path}",
@@ -278,6 +291,49 @@ class LocalCluster(KubectlCluster):
             START_TIMEOUT_SECONDS,
             "healthy",
         )
+
+    def _apply_lws_crd(self, binary: Path) -> None:
+        self.kubectl(
+            "apply", "--server-side", "--field-manager=pd-localcluster", "-f", "-",
+            input_text=lws_controller.crd_yaml(binary),
+        )  # fmt: skip
+        self._wait_established("LeaderWorkerSet", lws_controller.CRD_NAME)
+
+    def _start_lws_controller(self, binary: Path, ca: CertificateAuthority) -> None:
+        # The admin kubeconfig: this controller's own RBAC is its chart's business, not ours.
+        health_port, webhook_port = free_port(), free_port()
+        serving = ca.issue("lws-webhook", "lws-webhook", server=True)
+        cert_dir = self.dir / "lws-webhook"
+        cert_dir.mkdir()
+        shutil.copy(serving.cert, cert_dir / "tls.crt")
+        shutil.copy(serving.key, cert_dir / "tls.key")
+        config_path = self.dir / "lws-config.yaml"
+        config_path.write_text(lws_controller.config_yaml(health_port, webhook_port, cert_dir))
+        controller = self._spawn(
+            lws_controller.BINARY, lws_controller.argv(binary, self.kubeconfig, config_path)
+        )
+        controller.wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{health_port}/readyz") and port_open(webhook_port),
+            START_TIMEOUT_SECONDS,
+            "ready",
+        )
+        # Registered once the server answers: the webhooks fail closed, as in a cluster.
+        configurations = lws_controller.webhook_configurations(
+            binary, f"https://127.0.0.1:{webhook_port}", ca.cert_path.read_bytes()
+        )
+        self.kubectl(
+            "apply", "--server-side", "--field-manager=pd-localcluster", "-f", "-",
+            input_text=yaml.safe_dump_all(configurations),
+        )  # fmt: skip
+        controller.wait_until(self._lws_webhooks_active, START_TIMEOUT_SECONDS, "webhooks active")
+
+    def _lws_webhooks_active(self) -> bool:
+        # The apiserver loads new webhook configurations asynchronously.
+        created = self.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input_text=json.dumps(lws_controller.probe()), check=False,
+        )  # fmt: skip
+        return bool(created) and "networkConfig" in json.loads(created)["spec"]
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
         process = ManagedProcess(name, argv, self.dir)

@@ -103,6 +103,15 @@ class ManagedProcess:
         self._log.close()
 
 
+def port_open(port: int) -> bool:
+    """True when something accepts TCP connections on 127.0.0.1:port."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
 def http_ok(
     url: str, context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None
 ) -> bool:
