@@ -55,6 +55,8 @@ NAMESPACED_RIGHTS: set[Rule] = {
         (group, resource, verb)
         for group, resource in (
             ("apps", "deployments"),
+            # Multi-node pools (accelerator.nodesPerReplica > 1).
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
             ("", "services"),
             ("policy", "poddisruptionbudgets"),
             # The router's own identity, its pod-watching Role and binding, and its HPA.

@@ -59,7 +59,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 What the operator does in each namespace it serves, and nothing more (adapters/kube.py and
 handlers/operator.py): watch PDDeployments and patch their status; server-side apply (create +
-patch), delete, list and watch the Deployments, Services and PodDisruptionBudgets it owns, and
+patch), delete, list and watch the Deployments, LeaderWorkerSets, Services and
+PodDisruptionBudgets it owns, and
 each router's ServiceAccount, Role (list/watch pods: rights the operator holds, so no
 escalation), RoleBinding and HorizontalPodAutoscaler, and the PDPools of mode External (and
 their status); watch their pods; post
@@ -89,6 +90,11 @@ and Secrets are never listed or watched.
   verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Pools whose replicas span several nodes (accelerator.nodesPerReplica > 1) run as
+# LeaderWorkerSets (sigs.k8s.io/lws); replicas are applied like a Deployment's, never /scale.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
   verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]

@@ -44,6 +44,7 @@ PLURALS = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "PDDeployment": PLURAL,
     POOL_KIND: POOL_PLURAL,
+    "LeaderWorkerSet": "leaderworkersets",
 }
 
 
@@ -124,6 +125,8 @@ def call_json(
     return result
 
 
+# LeaderWorkerSet (sigs.k8s.io/lws): the workload of a pool whose replica spans several nodes.
+LWS_RESOURCE = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 # The kinds of children: (API group, version, plural), watched and listed by our label only.
@@ -136,10 +139,12 @@ CHILD_RESOURCES: tuple[tuple[str, str, str], ...] = (
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     (GROUP, VERSION, POOL_PLURAL),
+    LWS_RESOURCE,
 )
-# Children whose CRD may be missing (installed before this operator's version): not listed
-# while priming; kopf's watch starts once the CRD is served.
-OPTIONAL_CHILD_RESOURCES = frozenset({(GROUP, VERSION, POOL_PLURAL)})
+# Children whose CRD may be missing (installed before this operator's version, or LWS not
+# installed: only multi-node pools need it): not listed while priming; kopf's watch starts once
+# the CRD is served.
+OPTIONAL_CHILD_RESOURCES = frozenset({(GROUP, VERSION, POOL_PLURAL), LWS_RESOURCE})
 # One namespace's (or the cluster's) children of every kind, then its pods.
 Listing = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 # A list refused while priming: the RBAC applied is older (or narrower) than this operator.

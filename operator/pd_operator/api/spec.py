@@ -313,6 +313,11 @@ class AcceleratorSpec(SpecModel):
     per_replica: Annotated[int, Field(ge=1, le=64), WHOLE_NUMBER] = Field(
         1, description="Accelerator cards per replica (the engine's tensor-parallel size)."
     )
+    nodes_per_replica: Annotated[int, Field(ge=1, le=16), WHOLE_NUMBER] = Field(
+        1,
+        description="Nodes one replica spans, one pod of perReplica cards on each; above 1 the "
+        "pool runs as a LeaderWorkerSet (sigs.k8s.io/lws installed) whose leader pod serves.",
+    )
     node_selector: Annotated[dict[LabelKey, LabelValue], Field(max_length=16)] = Field(
         default_factory=dict, description="Node labels the pool's pods require."
     )

@@ -1,8 +1,11 @@
 """Desired child objects of a PDDeployment, built whole as data for server-side apply.
 
 Per role one ClusterIP Service over all of the role's pools (and, in scaling mode External, one
-PDPool: the role's /scale target); per pool one Deployment and (unless
-`spec.disruptionBudget.enabled` is false) one PodDisruptionBudget of the same name. Each
+PDPool: the role's /scale target); per pool one workload and (unless
+`spec.disruptionBudget.enabled` is false) one PodDisruptionBudget of the same name. The
+workload is a Deployment, or a LeaderWorkerSet (sigs.k8s.io/lws) when a replica spans
+`accelerator.nodesPerReplica` > 1 nodes: one group of pods per replica, whose leader alone
+carries `pdoperator.io/role` and so is the only pod the Service and the routers select. Each
 manifest carries only the fields the operator owns (field manager `pd-operator`); fields that
 the apiserver or other controllers set (clusterIP, status, defaults) are left out. Children get
 their own labels and never the parent's labels or annotations, which GitOps tools use to track
@@ -46,6 +49,12 @@ ENGINE_APP_NAME = "pd-operator-engine"
 MANAGED_BY = "pd-operator"
 CONTAINER_NAME = ENGINE_CONTAINER
 PORT_NAME = "http"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+LWS_KIND = "LeaderWorkerSet"
+# The kinds that run a pool's engines: a Deployment, or a LeaderWorkerSet for multi-node ones.
+POOL_WORKLOAD_KINDS = ("Deployment", LWS_KIND)
+# On every pod of a multi-node replica, leader and workers: their pool's budget selects it.
+LABEL_GROUP_ROLE = "pdoperator.io/group-role"
 # Service-side only: the engine serves /metrics on its HTTP port, and a Service needs distinct
 # port numbers, so the `metrics` name that a ServiceMonitor selects gets one of its own.
 METRICS_SERVICE_PORT = 9090
@@ -181,7 +190,9 @@ def _probe(failure_threshold: int, period_seconds: int) -> dict[str, Any]:
     }
 
 
-def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
+def _engine_container(
+    pdd: PDDeployment, role: Role, pool: PoolSpec, leader: bool = True
+) -> dict[str, Any]:
     spec = pdd.spec
     template = pool.template or PoolTemplateOverrides()
     user_env = [var.model_dump() for var in template.env]
@@ -189,19 +200,22 @@ def _engine_container(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": template.image or spec.model.image,
-        "command": engine_command(spec, role, pool),
+        "command": engine_command(spec, role, pool, leader=leader),
         "ports": [
             {"name": PORT_NAME, "containerPort": engine_port(spec.model.engine), "protocol": "TCP"}
         ],
         "resources": _resources(pool, template),
-        "readinessProbe": _probe(3, READINESS_PERIOD_SECONDS),
-        # No liveness probe: /health is slow on a loaded engine, and a false restart costs a
-        # full model reload, far worse than a wedged replica that readiness already takes out.
-        "startupProbe": _probe(STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS),
         "securityContext": container_security_context(template, ipc_lock=template.ipc_lock),
     }
+    # A worker of a multi-node replica serves no HTTP: nothing to probe or to drain, its group's
+    # leader answers for it.
+    if leader:
+        container["readinessProbe"] = _probe(3, READINESS_PERIOD_SECONDS)
+        # No liveness probe: /health is slow on a loaded engine, and a false restart costs a
+        # full model reload, far worse than a wedged replica that readiness already takes out.
+        container["startupProbe"] = _probe(STARTUP_FAILURE_THRESHOLD, STARTUP_PERIOD_SECONDS)
     drain = spec.termination.drain_seconds
-    if drain:
+    if drain and leader:
         command = drain_command(spec.model.engine, role, drain)
         container["lifecycle"] = {"preStop": {"exec": {"command": command}}}
     env = merge_by("name", engine_env(spec, pool), user_env)
@@ -217,18 +231,33 @@ def _user_mounts_shm(template: PodTemplateOverrides) -> bool:
     return any(mount.get("mountPath") == SHM_PATH for mount in template.volume_mounts)
 
 
-def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, Any]:
+def _pod_labels(pdd_name: str, role: Role, pool: PoolSpec, leader: bool) -> dict[str, str]:
+    labels = child_labels(pdd_name, role, pool.name)
+    if pool.accelerator.nodes_per_replica == 1:
+        return labels
+    labels[LABEL_GROUP_ROLE] = role
+    if not leader:
+        # Not an endpoint: neither the role's Service nor a router may select it.
+        del labels[LABEL_ROLE]
+    return labels
+
+
+def _pod_template(
+    pdd: PDDeployment, role: Role, pool: PoolSpec, leader: bool = True
+) -> dict[str, Any]:
     template = pool.template or PoolTemplateOverrides()
     port = engine_port(pdd.spec.model.engine)
     # Ours win over the template's: the selector and the metrics scrape depend on them.
-    labels = {**template.labels, **child_labels(pdd.metadata.name, role, pool.name)}
-    annotations = {
-        **template.annotations,
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(port),
-        "prometheus.io/path": METRICS_PATH,
-    }
-    if pdd.spec.model.engine == "SGLang" and role == "prefill":
+    own = _pod_labels(pdd.metadata.name, role, pool, leader)
+    labels = {**template.labels, **own}
+    annotations = dict(template.annotations)
+    if leader:
+        annotations |= {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": METRICS_PATH,
+        }
+    if pdd.spec.model.engine == "SGLang" and role == "prefill" and leader:
         # sglang-router finds the prefill pod's KV bootstrap server by this annotation.
         annotations[SGLANG_BOOTSTRAP_ANNOTATION] = str(SGLANG_BOOTSTRAP_PORT)
     # Engines need a large /dev/shm for tensor-parallel collectives; the default is 64 MiB.
@@ -240,7 +269,7 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
         ]
     )
     pod: dict[str, Any] = {
-        "containers": [_engine_container(pdd, role, pool)],
+        "containers": [_engine_container(pdd, role, pool, leader)],
         "terminationGracePeriodSeconds": pdd.spec.termination.drain_seconds + ENGINE_STOP_SECONDS,
         # Service environment variables can clash with engine settings (a Service named `vllm`
         # sets VLLM_PORT, which vLLM reads), and engines find peers by other means.
@@ -262,7 +291,8 @@ def _pod_template(pdd: PDDeployment, role: Role, pool: PoolSpec) -> dict[str, An
         pod["hostNetwork"] = True
         # Else the pod resolves names with the node's resolv.conf, and no Service name resolves.
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
-    pod.update(template_pod_fields(template, selector_labels(pdd.metadata.name, role, pool.name)))
+    keys = (LABEL_DEPLOYMENT, LABEL_ROLE if leader else LABEL_GROUP_ROLE, LABEL_POOL)
+    pod.update(template_pod_fields(template, {k: own[k] for k in keys if k in own}))
     built = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
     # Last, over everything above; the API refuses a patch of what the operator relies on.
     return strategic_merge(built, template.patch) if template.patch else built
@@ -326,6 +356,54 @@ def build_deployment(pdd: PDDeployment, role: Role, pool: PoolSpec, replicas: in
     }
 
 
+def build_leader_worker_set(
+    pdd: PDDeployment, role: Role, pool: PoolSpec, replicas: int
+) -> Manifest:
+    """The LeaderWorkerSet of a multi-node pool: `replicas` groups of `nodesPerReplica` pods."""
+    if replicas < 0:
+        raise ValueError(f"replicas of {role} pool {pool.name!r} must be >= 0, got {replicas}")
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": _pool_metadata(pdd, role, pool),
+        "spec": {
+            "replicas": replicas,
+            "leaderWorkerTemplate": {
+                "size": pool.accelerator.nodes_per_replica,
+                # A group is one engine: a pod that restarts alone cannot rejoin it.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": _pod_template(pdd, role, pool, leader=True),
+                "workerTemplate": _pod_template(pdd, role, pool, leader=False),
+            },
+            # Workers start with their leader: the engines wait for each other at rendezvous.
+            "startupPolicy": "LeaderCreated",
+            # No surge, one group at a time, as for Deployments (build_deployment).
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+            },
+            # LWS's default, sent so that a cluster without its webhook builds the same object.
+            "networkConfig": {"subdomainPolicy": "Shared"},
+        },
+    }
+
+
+def build_workload(pdd: PDDeployment, role: Role, pool: PoolSpec, replicas: int) -> Manifest:
+    """The workload that runs a pool: a Deployment, or a LeaderWorkerSet when a replica spans
+    several nodes."""
+    if pool.accelerator.nodes_per_replica > 1:
+        return build_leader_worker_set(pdd, role, pool, replicas)
+    return build_deployment(pdd, role, pool, replicas)
+
+
+def workload_key(pdd_name: str, role: Role, pool: PoolSpec) -> tuple[str, str, str]:
+    """(apiVersion, kind, name) of the workload that runs a pool (see `child_key`)."""
+    name = deployment_name(pdd_name, role, pool.name)
+    if pool.accelerator.nodes_per_replica > 1:
+        return (LWS_API_VERSION, LWS_KIND, name)
+    return ("apps/v1", "Deployment", name)
+
+
 def build_service(pdd: PDDeployment, role: Role) -> Manifest:
     """The ClusterIP Service over every pool of a role."""
     name = pdd.metadata.name
@@ -352,14 +430,18 @@ def build_service(pdd: PDDeployment, role: Role) -> Manifest:
 
 def build_disruption_budget(pdd: PDDeployment, role: Role, pool: PoolSpec) -> Manifest:
     """The PodDisruptionBudget of one pool: evictions take at most `maxUnavailable` of its
-    Ready replicas at a time."""
+    Ready pods at a time (of a multi-node pool: leaders and workers)."""
+    name = pdd.metadata.name
+    selector = selector_labels(name, role, pool.name)
+    if pool.accelerator.nodes_per_replica > 1:
+        selector = {LABEL_DEPLOYMENT: name, LABEL_POOL: pool.name, LABEL_GROUP_ROLE: role}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _pool_metadata(pdd, role, pool),
         "spec": {
             "maxUnavailable": pdd.spec.disruption_budget.max_unavailable,
-            "selector": {"matchLabels": selector_labels(pdd.metadata.name, role, pool.name)},
+            "selector": {"matchLabels": selector},
             # A replica still loading its model (or failing) serves nothing: evicting it costs
             # nothing, and under the default policy it would hold a node drain up for as long.
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
@@ -389,7 +471,7 @@ def build_pdpool(pdd: PDDeployment, role: Role, replicas: int | None = None) -> 
 
 def desired_children(pdd: PDDeployment, replicas: Mapping[PoolKey, int]) -> list[Manifest]:
     """Every child of a PDDeployment: per role its Service, then per pool in order its
-    Deployment and its PodDisruptionBudget.
+    workload (`build_workload`) and its PodDisruptionBudget.
 
     `replicas` maps (role, pool name) to the pool's replica count; a pool missing from it gets
     its `replicas.min`, and keys of pools no longer in the spec are ignored.
@@ -399,7 +481,7 @@ def desired_children(pdd: PDDeployment, replicas: Mapping[PoolKey, int]) -> list
         children.append(build_service(pdd, role))
         for pool in pdd.spec.pools(role):
             count = replicas.get((role, pool.name), pool.replicas.min)
-            children.append(build_deployment(pdd, role, pool, count))
+            children.append(build_workload(pdd, role, pool, count))
             if pdd.spec.disruption_budget.enabled:
                 children.append(build_disruption_budget(pdd, role, pool))
     return children

@@ -28,6 +28,15 @@ Choices, and why:
   pools do not use.
 * NIXL's plugin (`kvTransfer.nixlBackend`) is vLLM's `kv_connector_extra_config.backends` and
   SGLang's `SGLANG_DISAGGREGATION_NIXL_BACKEND` (sglang/srt/environ.py; UCX when unset).
+* Multi-node replicas (`accelerator.nodesPerReplica` > 1, a LeaderWorkerSet group) find each
+  other through the environment LWS's pod webhook sets (`LWS_LEADER_ADDRESS`, the leader pod's
+  DNS name; `LWS_WORKER_INDEX`, 0 on the leader), referenced as `$(VAR)`, which the kubelet
+  expands in a command. vLLM runs one data-parallel rank of `perReplica` cards (its tensor-
+  parallel size) per node with expert parallelism across all of them (vLLM's data-parallel
+  deployment guide, without Ray): the leader serves the API, the others join `--headless` at
+  start rank = worker index. SGLang spans the nodes with one tensor-parallel group of
+  `perReplica x nodesPerReplica` cards (`--nnodes`, `--node-rank`, `--dist-init-addr`, as in
+  LWS's SGLang example); only node rank 0 serves HTTP.
 """
 
 import json
@@ -49,6 +58,13 @@ _VLLM_CONNECTORS: dict[KVConnector, str] = {
 }
 _SGLANG_BACKENDS: dict[KVConnector, str] = {"Mooncake": "mooncake", "NIXL": "nixl"}
 _KV_ROLES: dict[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Set in every pod of a LeaderWorkerSet group by LWS's pod webhook.
+LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+# The leader's ports for its group: vLLM's data-parallel RPC (its documented example port) and
+# SGLang's torch.distributed rendezvous (LWS's SGLang example).
+VLLM_DATA_PARALLEL_RPC_PORT = 13345
+SGLANG_DIST_INIT_PORT = 20000
 
 
 def engine_port(engine: Engine) -> int:
@@ -88,10 +104,18 @@ def vllm_kv_transfer_config(
     return config
 
 
-def _vllm_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[str]:
+def _vllm_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec, leader: bool) -> list[str]:
     port = str(engine_port("VLLM"))
     argv = ["vllm", "serve", spec.model.name, "--port", port]
     argv += ["--tensor-parallel-size", str(pool.accelerator.per_replica)]
+    nodes = pool.accelerator.nodes_per_replica
+    if nodes > 1:
+        argv += ["--data-parallel-size", str(nodes), "--data-parallel-size-local", "1"]
+        argv += ["--data-parallel-address", LWS_LEADER_ADDRESS]
+        argv += ["--data-parallel-rpc-port", str(VLLM_DATA_PARALLEL_RPC_PORT)]
+        argv += ["--enable-expert-parallel"]
+        if not leader:
+            argv += ["--data-parallel-start-rank", LWS_WORKER_INDEX, "--headless"]
     if spec.model.context_length is not None:
         argv += ["--max-model-len", str(spec.model.context_length)]
     if spec.kv_transfer.cache_dtype == "FP8":
@@ -107,7 +131,11 @@ def _sglang_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[
     port = str(engine_port("SGLang"))
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model.name]
     argv += ["--host", "0.0.0.0", "--port", port]
-    argv += ["--tp-size", str(pool.accelerator.per_replica)]
+    nodes = pool.accelerator.nodes_per_replica
+    argv += ["--tp-size", str(pool.accelerator.per_replica * nodes)]
+    if nodes > 1:
+        argv += ["--nnodes", str(nodes), "--node-rank", LWS_WORKER_INDEX]
+        argv += ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{SGLANG_DIST_INIT_PORT}"]
     # SGLang serves /metrics only when asked; the autoscaler reads TTFT and ITL from it.
     argv += ["--enable-metrics"]
     if spec.model.context_length is not None:
@@ -126,10 +154,13 @@ def _sglang_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[
     return argv
 
 
-def engine_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[str]:
-    """The engine container's full command line, with `spec.model.args` appended last."""
+def engine_command(
+    spec: PDDeploymentSpec, role: Role, pool: PoolSpec, *, leader: bool = True
+) -> list[str]:
+    """The engine container's full command line, with `spec.model.args` appended last;
+    `leader` False: a worker pod of a multi-node replica."""
     if spec.model.engine == "VLLM":
-        argv = _vllm_command(spec, role, pool)
+        argv = _vllm_command(spec, role, pool, leader)
     else:
         argv = _sglang_command(spec, role, pool)
     return [*argv, *spec.model.args]

@@ -28,9 +28,9 @@ from pd_operator.core.allocation import (
     shrink,
 )
 from pd_operator.core.capacity import FreeCapacity
-from pd_operator.core.children import ROLES, PoolKey, pod_selector
+from pd_operator.core.children import ROLES, PoolKey, pod_selector, workload_key
 from pd_operator.core.decision import PoolObservation
-from pd_operator.core.naming import deployment_name, pdpool_name
+from pd_operator.core.naming import pdpool_name
 from pd_operator.core.reconcile import ChildKey, EventSpec, all_pools
 from pd_operator.core.status import ConditionSpec, ScalingView
 
@@ -226,8 +226,9 @@ def pdpool_status(
     differs from spec.replicas, and the selector of the role's pods."""
     replicas = ready = 0
     for pool in pdd.spec.pools(role):
-        name = deployment_name(pdd.metadata.name, role, pool.name)
-        observed = (children.get(("apps/v1", "Deployment", name)) or {}).get("status") or {}
+        observed = (children.get(workload_key(pdd.metadata.name, role, pool)) or {}).get(
+            "status"
+        ) or {}
         replicas += observed.get("replicas", 0)
         ready += observed.get("readyReplicas", 0)
     return {

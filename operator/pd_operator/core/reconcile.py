@@ -17,12 +17,14 @@ from pd_operator.core import reasons
 from pd_operator.core.children import (
     LABEL_POOL,
     LABEL_ROLE,
+    POOL_WORKLOAD_KINDS,
     ROLES,
     Manifest,
     PoolKey,
     build_pdpool,
     child_key,
     desired_children,
+    workload_key,
 )
 from pd_operator.core.decision import DecidedReplicas, PoolObservation
 from pd_operator.core.naming import deployment_name
@@ -99,9 +101,7 @@ def current_replicas(
         key = (role, pool.name)
         value: int | None = (decisions or {}).get(key)
         if value is None:
-            existing = children.get(
-                ("apps/v1", "Deployment", deployment_name(pdd.metadata.name, role, pool.name))
-            )
+            existing = children.get(workload_key(pdd.metadata.name, role, pool))
             recorded = ((existing or {}).get("metadata", {}).get("annotations") or {}).get(
                 ANNOTATION_DESIRED_REPLICAS
             )
@@ -124,9 +124,8 @@ def pool_observations(
     replicas = current_replicas(pdd, children)
     observed = {}
     for role, pool in all_pools(pdd):
-        name = deployment_name(pdd.metadata.name, role, pool.name)
-        deployment = children.get(("apps/v1", "Deployment", name)) or {}
-        status = deployment.get("status") or {}
+        workload = children.get(workload_key(pdd.metadata.name, role, pool)) or {}
+        status = workload.get("status") or {}
         pool_pods = [p for p in pods if p.role == role and p.pool == pool.name]
         live = [p for p in pool_pods if not p.terminating]
         count = replicas[(role, pool.name)]
@@ -253,12 +252,12 @@ def kept_until_replaced(
     """
     kept: set[str] = set()
     for key, actual in children.items():
-        if key[1] != "Deployment" or key in wanted:
+        if key[1] not in POOL_WORKLOAD_KINDS or key in wanted:
             continue
         successors = [
             k
             for k, manifest in wanted.items()
-            if k[1] == "Deployment" and _role(manifest) == _role(actual)
+            if k[1] in POOL_WORKLOAD_KINDS and _role(manifest) == _role(actual)
         ]
         if not successors:
             continue  # the role is gone (a router turned off): nothing takes over
@@ -294,10 +293,10 @@ def plan_children(
         key = child_key(built)
         wanted.add(key)
         wanted_manifests[key] = built
-        if key[1] == "Deployment" and key[2] in blocked:
+        if key[1] in POOL_WORKLOAD_KINDS and key[2] in blocked:
             continue  # keep what runs; a new spec that cannot be placed is not rolled out
         extra = {ANNOTATION_SPEC_HASH: spec_hash(built)}
-        if key[1] == "Deployment" and built["metadata"]["labels"].get(LABEL_ROLE) in ROLES:
+        if key[1] in POOL_WORKLOAD_KINDS and built["metadata"]["labels"].get(LABEL_ROLE) in ROLES:
             extra[ANNOTATION_DESIRED_REPLICAS] = str(built["spec"]["replicas"])
             extra |= _last_scale(decisions, built, children.get(key))
         manifest = _annotate(built, extra)
@@ -326,8 +325,8 @@ def plan_children(
         if key not in wanted and key[2] not in kept:
             meta = actual["metadata"]
             plan.delete.append(ChildRef(key[0], key[1], key[2], meta.get("uid", "")))
-            if key[1] == "Deployment":
+            if key[1] in POOL_WORKLOAD_KINDS:
                 plan.events.append(
-                    EventSpec("Normal", reasons.EVENT_POOL_DELETED, f"deleted Deployment {key[2]}")
+                    EventSpec("Normal", reasons.EVENT_POOL_DELETED, f"deleted {key[1]} {key[2]}")
                 )
     return plan

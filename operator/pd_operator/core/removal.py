@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pd_operator.api.spec import Role
-from pd_operator.core.children import LABEL_POOL, LABEL_ROLE, ROLES, child_key
+from pd_operator.core.children import (
+    LABEL_POOL,
+    LABEL_ROLE,
+    POOL_WORKLOAD_KINDS,
+    ROLES,
+    child_key,
+)
 from pd_operator.core.observe import PodSummary
 
 # The engine gauges that count a pod's work, per role: what a removal would delay or cut.
@@ -67,7 +73,7 @@ def shrinking_pools(
     for manifest in manifests:
         labels = manifest["metadata"].get("labels") or {}
         role, pool = _ROLE_NAMED.get(labels.get(LABEL_ROLE, "")), labels.get(LABEL_POOL)
-        if manifest["kind"] != "Deployment" or role is None or not pool:
+        if manifest["kind"] not in POOL_WORKLOAD_KINDS or role is None or not pool:
             continue  # the router's Deployment has no pool
         current = existing.get(child_key(manifest))
         if current is None:

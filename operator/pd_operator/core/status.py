@@ -10,8 +10,8 @@ from typing import Any
 
 from pd_operator.api import PDDeployment
 from pd_operator.core import reasons
-from pd_operator.core.children import ROLES, PoolKey
-from pd_operator.core.naming import deployment_name, router_name
+from pd_operator.core.children import LWS_KIND, ROLES, PoolKey, workload_key
+from pd_operator.core.naming import router_name
 from pd_operator.core.observe import PodSummary
 from pd_operator.core.profiles import unknown_profiles
 from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
@@ -86,11 +86,19 @@ def bounded_message(message: str) -> str:
     return message[: MAX_MESSAGE_LENGTH - len(note)] + note
 
 
-def _pool_rolled_out(deployment: Mapping[str, Any] | None, desired: int) -> bool:
+def _pool_rolled_out(deployment: Mapping[str, Any] | None, desired: int, kind: str) -> bool:
     if deployment is None:
         return desired == 0
     status = deployment.get("status") or {}
     generation = deployment["metadata"].get("generation", 0)
+    if kind == LWS_KIND:
+        # A LeaderWorkerSet reports no observedGeneration; while it rolls out, it says so.
+        generation = 0
+        if any(
+            c.get("type") == "UpdateInProgress" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        ):
+            return False
     return bool(
         status.get("observedGeneration", 0) >= generation
         and status.get("updatedReplicas", 0) >= desired
@@ -173,8 +181,8 @@ def compute_status(
     desired_sum = dict.fromkeys(ROLES, 0)
     unschedulable_total = 0
     for role, pool in all_pools(pdd):
-        name = deployment_name(pdd.metadata.name, role, pool.name)
-        deployment = children.get(("apps/v1", "Deployment", name))
+        key = workload_key(pdd.metadata.name, role, pool)
+        deployment = children.get(key)
         observed = (deployment or {}).get("status") or {}
         desired = replicas[(role, pool.name)]
         pool_pods = [
@@ -196,7 +204,7 @@ def compute_status(
         ready_sum[role] += ready
         desired_sum[role] += desired
         unschedulable_total += unschedulable
-        if not _pool_rolled_out(deployment, desired):
+        if not _pool_rolled_out(deployment, desired, key[1]):
             note = f" ({unschedulable} unschedulable)" if unschedulable else ""
             waiting.append(f"{role}/{pool.name} {ready}/{desired} ready{note}")
 

@@ -30,14 +30,13 @@ from pd_operator.adapters.metrics_source import (
 from pd_operator.adapters.prometheus import NO_SERIES, PrometheusReader, RoleKey
 from pd_operator.api import InvalidSpecError, PDDeployment, parse_pddeployment
 from pd_operator.core.capacity import FreeCapacity, free_capacity
-from pd_operator.core.children import ROLES, PoolKey
+from pd_operator.core.children import ROLES, PoolKey, workload_key
 from pd_operator.core.decision import (
     DecidedReplicas,
     Decision,
     Observation,
     ScaleRecord,
 )
-from pd_operator.core.naming import deployment_name
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, pool_observations
@@ -91,12 +90,11 @@ def _remembered(key: ObjectKey, snapshot: Snapshot) -> PolicyState:
 
 
 def _recorded_scales(pdd: PDDeployment, snapshot: Snapshot) -> list[str]:
-    """The scale records kept on the object's pool Deployments."""
+    """The scale records kept on the object's pool workloads (Deployments or LeaderWorkerSets)."""
     found = []
     for role, pool in all_pools(pdd):
-        name = deployment_name(pdd.metadata.name, role, pool.name)
-        deployment = snapshot.children.get(("apps/v1", "Deployment", name)) or {}
-        text = (deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_LAST_SCALE)
+        workload = snapshot.children.get(workload_key(pdd.metadata.name, role, pool)) or {}
+        text = (workload.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_LAST_SCALE)
         if text:
             found.append(text)
     return found
