@@ -364,6 +364,27 @@ def test_rejected_child_stalls_with_the_apiserver_message(operator, api_client, 
     )  # the rest still applied
 
 
+def test_multi_node_pool_without_leaderworkerset_installed_says_what_to_install(
+    operator, api_client, namespace
+):
+    # This cluster serves no LeaderWorkerSet CRD (tests/integration/test_lws.py runs one that does).
+    body = copy.deepcopy(HETERO)
+    body["spec"]["decode"]["pools"][0]["accelerator"]["nodesPerReplica"] = 2
+    create_pdd(api_client, namespace, body)
+    obj = wait_for(
+        lambda: (
+            condition(get_pdd(api_client, namespace, "glm-hetero"), "Stalled").get("status")
+            == "True"
+            and get_pdd(api_client, namespace, "glm-hetero")
+        ),
+        what="Stalled=True",
+    )
+    message = condition(obj, "Stalled")["message"]
+    assert "LeaderWorkerSet glm-hetero-decode-h200 not applied" in message, message
+    assert "accelerator.nodesPerReplica" in message and "sigs.k8s.io/lws" in message, message
+    assert "glm-hetero-prefill-s5000" in deployments(api_client, namespace)  # the rest applied
+
+
 def test_image_that_cannot_be_pulled_stalls(operator, api_client, namespace):
     create_pdd(api_client, namespace, copy.deepcopy(HETERO))
     core = client.CoreV1Api(api_client)

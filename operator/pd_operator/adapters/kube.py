@@ -202,7 +202,16 @@ def _list_children(
     except ApiException as error:
         if error.status != 404 or resource not in OPTIONAL_CHILD_RESOURCES:
             raise
-        logger.warning("%s.%s is not served: apply the CRDs of this version", plural, group)
+        if resource == LWS_RESOURCE:
+            # Only multi-node pools need it; say so once, at start, not as a fault.
+            logger.info(
+                "%s.%s is not served: pools with accelerator.nodesPerReplica > 1 need "
+                "LeaderWorkerSet (sigs.k8s.io/lws) installed",
+                plural,
+                group,
+            )
+        else:
+            logger.warning("%s.%s is not served: apply the CRDs of this version", plural, group)
         return []
 
 

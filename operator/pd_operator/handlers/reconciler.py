@@ -20,7 +20,7 @@ from pd_operator.api.pdpool import POOL_KIND
 from pd_operator.api.spec import Role
 from pd_operator.core import reasons
 from pd_operator.core.capacity import free_capacity
-from pd_operator.core.children import PoolKey, child_key
+from pd_operator.core.children import LWS_KIND, PoolKey, child_key
 from pd_operator.core.external import (
     ExternalDecision,
     decide_external,
@@ -77,6 +77,12 @@ def refused(error: ApiException) -> bool:
         return True
     return error.status == 500 and api_message(error).startswith(_MALFORMED_APPLY)
 
+
+# A multi-node pool's workload in a cluster that does not serve LeaderWorkerSets.
+_NO_LWS = (
+    "{} not applied: this cluster does not serve leaderworkerset.x-k8s.io/v1; install "
+    "LeaderWorkerSet (sigs.k8s.io/lws), or set accelerator.nodesPerReplica to 1"
+)
 
 # The apiserver's words when it cannot even build the object an apply describes.
 _MALFORMED_APPLY = ("failed to create typed patch object", "failed to convert new object")
@@ -197,28 +203,7 @@ class Reconciler:
         self._choose_removed(key, pdd, shrinking_pools(plan.apply, snapshot.children), snapshot)
         problems = list(plan.problems)
         children = dict(snapshot.children)
-        transient: ApiException | None = None
-        for manifest in plan.apply:
-            wanted = child_key(manifest)
-            name = f"{wanted[1]} {wanted[2]}"
-            try:
-                applied = self._write(manifest, snapshot.children.get(wanted), body)
-            except NameConflictError as conflict:
-                problems.append(Problem(reasons.NAME_CONFLICT, str(conflict)))
-                continue
-            except ApiException as error:
-                if not refused(error):
-                    # One child failing for now must not hold back the others; retry after.
-                    transient = transient or error
-                    continue
-                problems.append(
-                    Problem(reasons.APPLY_REJECTED, f"{name} rejected: {api_message(error)}")
-                )
-                continue
-            # Read our own write: the next reconcile must not apply it again before the
-            # watch event arrives.
-            self.cache.put_child(applied)
-            children[child_key(applied)] = applied
+        transient = self._apply_all(plan.apply, snapshot, body, problems, children)
         for ref in plan.delete:
             self.writer.delete(ref.api_version, ref.kind, key[0], ref.name, ref.uid)
             children.pop((ref.api_version, ref.kind, ref.name), None)
@@ -242,6 +227,45 @@ class Reconciler:
         self._report(body, previous, status, plan.events + events + scaling_events)
         if transient is not None:
             raise transient
+
+    def _apply_all(
+        self,
+        manifests: Sequence[Mapping[str, Any]],
+        snapshot: Snapshot,
+        owner: Mapping[str, Any],
+        problems: list[Problem],
+        children: dict[ChildKey, Mapping[str, Any]],
+    ) -> ApiException | None:
+        """Apply every child; a refused one becomes a problem, the first transient failure is
+        returned (raised after status is reported, so that the key is retried)."""
+        transient: ApiException | None = None
+        for manifest in manifests:
+            wanted = child_key(manifest)
+            name = f"{wanted[1]} {wanted[2]}"
+            try:
+                applied = self._write(manifest, snapshot.children.get(wanted), owner)
+            except NameConflictError as conflict:
+                problems.append(Problem(reasons.NAME_CONFLICT, str(conflict)))
+                continue
+            except ApiException as error:
+                if error.status == 404 and wanted[1] == LWS_KIND:
+                    # Until LWS is installed: say what to do, and retry (with backoff).
+                    problems.append(Problem(reasons.APPLY_REJECTED, _NO_LWS.format(name)))
+                    transient = transient or error
+                    continue
+                if not refused(error):
+                    # One child failing for now must not hold back the others; retry after.
+                    transient = transient or error
+                    continue
+                problems.append(
+                    Problem(reasons.APPLY_REJECTED, f"{name} rejected: {api_message(error)}")
+                )
+                continue
+            # Read our own write: the next reconcile must not apply it again before the
+            # watch event arrives.
+            self.cache.put_child(applied)
+            children[child_key(applied)] = applied
+        return transient
 
     def _choose_removed(
         self, key: ObjectKey, pdd: PDDeployment, shrinks: list[Shrink], snapshot: Snapshot
