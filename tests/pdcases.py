@@ -61,6 +61,13 @@ def schedule(**fields: Any) -> dict[str, Any]:
     return {"name": "peak", "start": "09:00", "end": "18:00", "prefill": {"p": 2}} | fields
 
 
+# Scale to zero on the minimal document: every pool may go to zero.
+IDLE = _set(
+    _set(mutate("spec.scaling.idleSeconds", 300), "spec.prefill.pools.0.replicas.min", 0),
+    "spec.decode.pools.0.replicas.min",
+    0,
+)
+
 # (case id, document, the field path that the error must name)
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("engine-unknown", mutate("spec.model.engine", "TensorRT"), "spec.model.engine"),
@@ -439,6 +446,9 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         mutate("spec.router.template", {"imagePullSecrets": ["regcred", "regcred"]}),
         "spec.router.template.imagePullSecrets",
     ),
+    # Scale to zero takes every pool to zero, and needs the router's activator.
+    ("idle-with-pools-min-1", mutate("spec.scaling.idleSeconds", 300), "spec.scaling"),
+    ("idle-without-router", _set(IDLE, "spec.router.enabled", False), "spec.router"),
 ]
 
 

@@ -29,6 +29,8 @@ NEEDS_APISERVER = {
     "schedule-duplicate-names",
     "router-replicas-min-over-max",  # CEL rules: only the apiserver evaluates them
     "router-service-account",
+    "idle-with-pools-min-1",
+    "idle-without-router",
     # A whole float passes the OpenAPI schema; the CEL rules that read the field refuse it.
     "replicas-min-whole-float",
     "ratio-max-whole-float",

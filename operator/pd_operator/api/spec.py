@@ -1040,6 +1040,13 @@ class ScalingSpec(SpecModel):
     prometheus: PrometheusSpec | None = Field(
         None, description="Metrics source; the operator's --prometheus-url when absent."
     )
+    idle_seconds: Annotated[int, Field(ge=30, le=604800), WHOLE_NUMBER] | None = Field(
+        None,
+        description="Scale to zero: after this many seconds with no request at the router, "
+        "prefill and decode go to zero together; the next request is held by the router's "
+        "activator while both start, and served once both are Ready. Needs router.enabled and "
+        "replicas.min 0 on every pool. Absent: pools never go idle.",
+    )
 
     @field_validator("schedules")
     @classmethod
@@ -1191,12 +1198,35 @@ def _schedule_rules(role: Role) -> list[JsonDict]:
     ]
 
 
+_IDLE_NEEDS_ZERO_MIN = "!has(self.scaling) || !has(self.scaling.idleSeconds) || " + " && ".join(
+    f"self.{role}.pools.all(p, has(p.replicas) && has(p.replicas.min) && p.replicas.min == 0)"
+    for role in ROLE_NAMES
+)
+IDLE_NEEDS_ZERO_MIN_MESSAGE = (
+    "scaling.idleSeconds scales every pool to zero: set replicas.min to 0 on every prefill and "
+    "decode pool, or remove idleSeconds"
+)
+_IDLE_NEEDS_ROUTER = (
+    "!has(self.scaling) || !has(self.scaling.idleSeconds) || !has(self.router) || "
+    "!has(self.router.enabled) || self.router.enabled"
+)
+IDLE_NEEDS_ROUTER_MESSAGE = (
+    "scaling.idleSeconds needs the router (its activator holds the first request while the "
+    "pools start): set router.enabled to true, or remove idleSeconds"
+)
+
+
 class PDDeploymentSpec(SpecModel):
     """A model served by a prefill role and a decode role, each with its own pools and SLO."""
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [*_schedule_rules("prefill"), *_schedule_rules("decode")]
+            "x-kubernetes-validations": [
+                *_schedule_rules("prefill"),
+                *_schedule_rules("decode"),
+                cel(_IDLE_NEEDS_ZERO_MIN, IDLE_NEEDS_ZERO_MIN_MESSAGE, ".scaling.idleSeconds"),
+                cel(_IDLE_NEEDS_ROUTER, IDLE_NEEDS_ROUTER_MESSAGE, ".router.enabled"),
+            ]
         }
     )
 
@@ -1222,9 +1252,20 @@ class PDDeploymentSpec(SpecModel):
         """The pools of a role, in order of preference."""
         return self.prefill.pools if role == "prefill" else self.decode.pools
 
+    @field_validator("router")
+    @classmethod
+    def _idle_needs_router(cls, router: RouterSpec, info: ValidationInfo) -> RouterSpec:
+        scaling = info.data.get("scaling")
+        if scaling is not None and scaling.idle_seconds is not None and not router.enabled:
+            raise ValueError(IDLE_NEEDS_ROUTER_MESSAGE)
+        return router
+
     @field_validator("scaling")
     @classmethod
     def _schedules_name_pools(cls, scaling: ScalingSpec, info: ValidationInfo) -> ScalingSpec:
+        every = [p for role in ROLE_NAMES if role in info.data for p in info.data[role].pools]
+        if scaling.idle_seconds is not None and any(pool.replicas.min for pool in every):
+            raise ValueError(IDLE_NEEDS_ZERO_MIN_MESSAGE)
         for index, schedule in enumerate(scaling.schedules):
             for role in ROLE_NAMES:
                 if role not in info.data:
