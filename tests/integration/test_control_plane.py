@@ -58,6 +58,8 @@ def test_crd_is_served_with_printer_columns_and_explain(cluster, api_client, nam
         "AGE",
     ]
     assert table[1].split()[0] == "minimal"
+    wide = cluster.kubectl("get", "pdd", "-n", namespace, "-o", "wide").splitlines()[0].split()
+    assert wide[wide.index("ENDPOINT") + 1 : wide.index("AGE")] == ["IDLE", "MODE", "LIMITED"]
     explained = cluster.kubectl("explain", "pdd.spec.prefill.pools.accelerator")
     assert "resourceName" in explained and "mthreads.com/gpu" in explained
 

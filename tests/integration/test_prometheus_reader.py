@@ -3,12 +3,13 @@
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from fakeengine import FakeEngine
 from kubetools import wait_for
 from pd_operator.adapters.prometheus import PrometheusReader, SignalTarget
 from pd_operator.core.seasonal import forecast
-from pd_operator.core.signals import ReadingKind
+from pd_operator.core.signals import ReadingKind, RouterTraffic
 from pd_tools.localcluster.processes import free_port
 
 
@@ -244,3 +245,42 @@ def test_seasons_are_read_from_the_history_prometheus_keeps(prometheus_with_hist
         assert report.queries == without.queries + 2 * 3  # a range query per role and season
     finally:
         engine.close()
+
+
+def test_the_routers_activator_is_read_even_when_no_engine_runs(prometheus):
+    """At zero the activator's series are the only ones an object has: they are read in one
+    grouped query, whatever the engines' state, and only for objects with idleSeconds."""
+    registry = CollectorRegistry()
+    requests = Counter("pd_activator_requests", "r", registry=registry)
+    pending = Gauge("pd_activator_pending_requests", "p", registry=registry)
+    in_flight = Gauge("pd_activator_in_flight_requests", "f", registry=registry)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    labels = {"namespace": "ns", "deployment": "asleep", "role": "router"}
+    prometheus.set_targets("asleep-router", [f"127.0.0.1:{port}"], labels)
+    try:
+        requests.inc(7)
+        pending.set(2)
+        in_flight.set(3)
+        reader = PrometheusReader(prometheus.url)
+        idle = SignalTarget("ns", "asleep", "VLLM", "P50", "P90", 10, router_traffic=True)
+        signals, report = wait_for(
+            lambda: (
+                (found := reader.read([idle]))[0][("ns", "asleep", "decode")].router_traffic
+                and found
+            ),
+            timeout=20,
+            what="the activator scraped",
+        )
+        for role in ("prefill", "decode"):
+            role_signals = signals[("ns", "asleep", role)]
+            assert role_signals.router_traffic == RouterTraffic(7.0, 2.0, 3.0)
+            assert role_signals.ttft_seconds.kind is ReadingKind.UNAVAILABLE  # no engine runs
+        # Without idleSeconds the query is not sent.
+        plain_signals, plain = reader.read([target("asleep")])
+        assert plain_signals[("ns", "asleep", "prefill")].router_traffic is None
+        assert report.queries == plain.queries + 1
+    finally:
+        prometheus.set_targets("asleep-router", [], {})
+        server.shutdown()
+        thread.join(timeout=5)

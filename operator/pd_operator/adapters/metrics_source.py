@@ -192,6 +192,7 @@ def _target(key: ObjectKey, pdd: PDDeployment) -> SignalTarget:
         key[0], key[1], spec.model.engine, spec.slo.ttft.percentile,
         spec.slo.itl.percentile, spec.slo.window_seconds,
         seasonal=(seasonal.period, seasonal.seasons, seasonal.time_zone) if seasonal else None,
+        router_traffic=spec.scaling.idle_seconds is not None,
     )  # fmt: skip
 
 

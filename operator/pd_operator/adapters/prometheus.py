@@ -25,6 +25,7 @@ from pd_operator.core.signals import (
     NOT_READ,
     Reading,
     RoleSignals,
+    RouterTraffic,
     hand_off_seconds,
     unavailable,
 )
@@ -59,6 +60,8 @@ class SignalTarget:
     window_seconds: int
     # `spec.scaling.seasonal`: (period, seasons, time zone); None: no history to read.
     seasonal: tuple[str, int, str] | None = None
+    # `spec.scaling.idleSeconds`: read the router's traffic (its activator's series).
+    router_traffic: bool = False
 
 
 @dataclass
@@ -144,6 +147,9 @@ class PrometheusReader:
             return all_signals(targets, now, unavailable(reason)), report
         names = {series["metric"].get("__name__", "") for series in present}
         signals: dict[RoleKey, RoleSignals] = {}
+        idle = [t for t in targets if t.router_traffic]
+        # Read before the engines': at zero no engine series exist, and this is what wakes.
+        traffic = self._read_router_traffic(report) if idle else {}
         for engine in sorted({t.engine for t in targets}):
             group = [t for t in targets if t.engine == engine]
             adapter = promql.detect(names, engine)
@@ -159,7 +165,31 @@ class PrometheusReader:
                 seasons = self._read_seasons(adapter, seasonal, now, report)
                 for key, found in seasons.items():
                     signals[key] = replace(signals[key], seasons=found)
+        for target in idle:
+            read = traffic.get((target.namespace, target.name))
+            for role in ("prefill", "decode"):
+                key = (target.namespace, target.name, role)
+                signals[key] = replace(signals[key], router_traffic=read)
         return signals, report
+
+    def _read_router_traffic(self, report: ReadReport) -> dict[tuple[str, str], RouterTraffic]:
+        """Every PDDeployment's activator series in one query; an object without all three
+        (no activator scraped yet) is left out: its traffic is unknown."""
+        result = self._query(promql.router_traffic_query(), report)
+        values: dict[tuple[str, str], dict[str, float]] = {}
+        for series in result or []:
+            labels = series["metric"]
+            value = float(series["value"][1])
+            if not math.isfinite(value) or value < 0:
+                continue
+            key = (labels.get("namespace", ""), labels.get("deployment", ""))
+            values.setdefault(key, {})[labels.get("__name__", "")] = value
+        wanted = (promql.ACTIVATOR_REQUESTS, promql.ACTIVATOR_PENDING, promql.ACTIVATOR_IN_FLIGHT)
+        return {
+            key: RouterTraffic(*(found[name] for name in wanted))
+            for key, found in values.items()
+            if all(name in found for name in wanted)
+        }
 
     def _read_seasons(
         self,

@@ -168,3 +168,16 @@ def pod_work_query(engine: Engine, role: Role, namespace: str, pods: Sequence[st
     return (
         f'sum by (pod) ({{__name__=~"{"|".join(names)}",namespace="{namespace}",pod=~"{pattern}"}})'
     )
+
+
+# The router's activator (`pd_operator.activator`, `spec.scaling.idleSeconds`): scraped with the
+# router's target labels (deploy/prometheus/router-scrape.yaml).
+ACTIVATOR_REQUESTS = "pd_activator_requests_total"
+ACTIVATOR_PENDING = "pd_activator_pending_requests"
+ACTIVATOR_IN_FLIGHT = "pd_activator_in_flight_requests"
+
+
+def router_traffic_query() -> str:
+    """The activator's three series, each summed per PDDeployment, in one query."""
+    names = "|".join((ACTIVATOR_REQUESTS, ACTIVATOR_PENDING, ACTIVATOR_IN_FLIGHT))
+    return f'sum by (namespace, deployment, __name__) ({{__name__=~"{names}"}})'

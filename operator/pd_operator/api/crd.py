@@ -85,6 +85,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".status.observed.itlMilliseconds",
     },
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+    {
+        "name": "Idle",
+        "type": "string",
+        "priority": 1,
+        "description": "True while scaled to zero (spec.scaling.idleSeconds)",
+        "jsonPath": '.status.conditions[?(@.type=="ScaledToZero")].status',
+    },
     {"name": "Mode", "type": "string", "priority": 1, "jsonPath": ".spec.scaling.mode"},
     {
         "name": "Limited",

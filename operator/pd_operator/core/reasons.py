@@ -10,6 +10,8 @@ METRICS_AVAILABLE = "MetricsAvailable"
 METRICS_CONFIGURED = "MetricsConfigured"
 CAPACITY_AVAILABLE = "CapacityAvailable"
 SEASONAL_HISTORY = "SeasonalHistory"
+# spec.scaling.idleSeconds: every pool is at zero for lack of requests (`core.idle`).
+SCALED_TO_ZERO = "ScaledToZero"
 # Mode External: whether each role runs what its PDPool asks.
 EXTERNAL_SCALING = "ExternalScaling"
 # Whether every accelerator.profile names a known hardware profile (else: learned online).
@@ -17,6 +19,9 @@ PROFILES_KNOWN = "ProfilesKnown"
 
 # Reasons.
 AS_EXPECTED = "AsExpected"
+IDLE = "Idle"  # ScaledToZero=True: no request at the router for idleSeconds
+SERVING = "Serving"  # ScaledToZero=False: replicas run (or are starting for a held request)
+ROUTER_TRAFFIC_UNKNOWN = "RouterTrafficUnknown"  # no activator series: idleness unknown
 ALL_POOLS_READY = "AllPoolsReady"
 PODS_NOT_READY = "PodsNotReady"
 ROLLING_OUT = "RollingOut"

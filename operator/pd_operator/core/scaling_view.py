@@ -17,6 +17,7 @@ from pd_operator.core import reasons
 from pd_operator.core.children import ROLES, PoolKey
 from pd_operator.core.control_law import fabric_words, transfer_explains
 from pd_operator.core.decision import Decision, Observation, ScaleRecord
+from pd_operator.core.idle import IdleOutcome
 from pd_operator.core.reconcile import EventSpec
 from pd_operator.core.signals import Reading, ReadingKind, RoleSignals
 from pd_operator.core.status import ConditionSpec, ScalingView
@@ -62,6 +63,7 @@ def scaling_outcome(
     no_series: Mapping[str, float | None],
     now: float,
     memory: bool = True,
+    idle: IdleOutcome | None = None,
 ) -> ScalingOutcome:
     """Observed values, the decision, and the conditions SLOMet, MetricsAvailable,
     MetricsConfigured and CapacityAvailable. `no_series`: the roles whose latency query found
@@ -98,7 +100,15 @@ def scaling_outcome(
     )
     latencies = {"prefill": prefill.ttft_seconds, "decode": decode.itl_seconds}
     missing = {r: s for r, s in latencies.items() if s.kind is ReadingKind.UNAVAILABLE}
-    if missing:
+    at_zero = idle is not None and idle.scaled_to_zero and idle.traffic_known
+    if missing and at_zero:
+        # No engine runs, so none exports; the router's activator is read instead.
+        missing = {}
+        available = ConditionSpec(
+            reasons.METRICS_AVAILABLE, True, reasons.SCALED_TO_ZERO,
+            "no engine runs: the router's activator is read for requests",
+        )  # fmt: skip
+    elif missing:
         detail = "; ".join(f"{role}: {reading.reason}" for role, reading in missing.items())
         available = ConditionSpec(
             reasons.METRICS_AVAILABLE, False, reasons.METRICS_UNAVAILABLE, detail
@@ -116,7 +126,19 @@ def scaling_outcome(
     ]
     if spec.scaling.seasonal is not None:
         view.conditions.append(_seasonal_history(spec.scaling.seasonal, observation, bool(missing)))
+    if spec.scaling.idle_seconds is not None and idle is not None:
+        view.conditions.append(scaled_to_zero(idle))
     return ScalingOutcome(view, slo_met, missing, capacity_short)
+
+
+def scaled_to_zero(idle: IdleOutcome) -> ConditionSpec:
+    """ScaledToZero: True while every pool is at zero for lack of requests."""
+    if idle.scaled_to_zero:
+        return ConditionSpec(reasons.SCALED_TO_ZERO, True, reasons.IDLE, idle.reason)
+    if not idle.traffic_known:
+        message = "no activator metrics from the router: idleness unknown, replicas kept"
+        return ConditionSpec(reasons.SCALED_TO_ZERO, False, reasons.ROUTER_TRAFFIC_UNKNOWN, message)
+    return ConditionSpec(reasons.SCALED_TO_ZERO, False, reasons.SERVING, idle.reason)
 
 
 def capacity_available(

@@ -60,6 +60,16 @@ NOT_READ = unavailable("not read")
 
 
 @dataclass(frozen=True)
+class RouterTraffic:
+    """The router's activator (`spec.scaling.idleSeconds`) as Prometheus last scraped it,
+    summed over its pods: the one signal left when both roles are at zero (`core.idle`)."""
+
+    requests_total: float  # requests received (a counter: a restart resets it)
+    pending: float  # requests held now, waiting for both roles
+    in_flight: float  # requests received and not yet answered, the held ones included
+
+
+@dataclass(frozen=True)
 class RoleSignals:
     """What Prometheus said about one role (prefill or decode) at `sample_time`.
 
@@ -88,6 +98,9 @@ class RoleSignals:
     # With `spec.scaling.seasonal`: what the role served (tokens/s) from this moment one, two,
     # ... periods ago onwards (`core.seasonal.Season`); empty: not read or no history.
     seasons: tuple[Season, ...] = ()
+    # With `spec.scaling.idleSeconds`: the router's traffic, the same in both roles' signals
+    # (it is the object's, not a role's); None: not read, or no activator series.
+    router_traffic: RouterTraffic | None = None
 
     def latency(self, role: Role) -> Reading:
         """The latency the role is scaled on: TTFT for prefill, ITL for decode."""

@@ -37,6 +37,7 @@ from pd_operator.core.decision import (
     Observation,
     ScaleRecord,
 )
+from pd_operator.core.idle import IdleMemory, IdleOutcome, apply_idle, with_idle
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.reconcile import ANNOTATION_LAST_SCALE, all_pools, pool_observations
@@ -53,6 +54,10 @@ from pd_operator.core.signals import RoleSignals
 from pd_operator.core.status import ScalingView
 
 logger = logging.getLogger(__name__)
+
+# How often an object scaled to zero is looked at for a held request (the read deadline's
+# minimum interval): a wake-up waits at most this plus a scrape, small beside a model load.
+WAKE_CHECK_SECONDS = 5.0
 
 
 @dataclass
@@ -72,6 +77,8 @@ class Tracked:
     # Since when each role's pods have been Ready while its latency query found no series.
     no_series_since: dict[str, float] = field(default_factory=dict)
     exported_pools: set[PoolKey] = field(default_factory=set)  # the pools with series exported
+    idle: IdleMemory = field(default_factory=IdleMemory)  # `spec.scaling.idleSeconds`'s memory
+    scaled_to_zero: bool = False  # then a held request is looked for every WAKE_CHECK_SECONDS
 
 
 Due = tuple[Tracked, PDDeployment, ResolvedSpec, Snapshot]
@@ -200,7 +207,8 @@ class Autoscaler:
             if scaling.mode in ("Disabled", "External"):  # External: the reconciler decides
                 self._forget(key, record)
                 continue
-            if now - record.last_run < scaling.interval_seconds:
+            every = WAKE_CHECK_SECONDS if record.scaled_to_zero else scaling.interval_seconds
+            if now - record.last_run < every:
                 continue
             # Only a due object's children, pods and nodes are copied: the loop runs every tick.
             snapshot = self.cache.snapshot(key)
@@ -271,13 +279,23 @@ class Autoscaler:
         decision = decide(resolved, observation, state, now)
         if decision is None:
             return False
+        idle = apply_idle(
+            pdd.spec,
+            observation.signals["prefill"].router_traffic,
+            {pool_key: pool.replicas for pool_key, pool in observation.pools.items()},
+            decision.replicas,
+            memory=record.idle,
+            now=now,
+        )
+        record.idle, record.scaled_to_zero = idle.memory, idle.scaled_to_zero
         return self._record(
             key,
             record,
             pdd=pdd,
             snapshot=snapshot,
             observation=observation,
-            decision=decision,
+            decision=with_idle(decision, idle),
+            idle=idle,
             now=now,
         )
 
@@ -290,6 +308,7 @@ class Autoscaler:
         snapshot: Snapshot,
         observation: Observation,
         decision: Decision,
+        idle: IdleOutcome,
         now: float,
     ) -> bool:
         """Keep what the reconciler should write, and export it; True when it differs from the
@@ -309,6 +328,7 @@ class Autoscaler:
             observation,
             decision,
             no_series=_no_series(record, observation, now),
+            idle=idle,
             now=now,
             memory=False,  # serialised below, only when status will be written
         )
