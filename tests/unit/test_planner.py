@@ -1,5 +1,6 @@
 """Capacity planner: the articles' claims from the profiles, and plans that deploy."""
 
+import dataclasses
 import json
 import math
 import random
@@ -10,7 +11,14 @@ import pytest
 import yaml
 
 from pd_operator.api.document import parse_pddeployment
-from pd_operator.core.hardware import GLM_45_FP8, H20, H200_SXM, MTT_S5000
+from pd_operator.core.hardware import (
+    DEEPSEEK_V3_FP8,
+    GLM_45_FP8,
+    H20,
+    H200_SXM,
+    KIMI_K2_FP8,
+    MTT_S5000,
+)
 from pd_operator.core.perfmodel import decode_itl_ms, prefill_tokens_per_second_per_card
 from pd_tools.cli.main import main
 from pd_tools.planner import sizing as planner
@@ -367,3 +375,79 @@ def test_pdctl_plan_takes_a_trace_s_prefix_reuse_from_its_block_hashes(
     cold, quiet = planned("--cache-hit", "0")
     assert "prefixes" not in quiet
     assert reused["cost_per_hour"] < cold["cost_per_hour"]
+
+
+# DeepSeek-V3 served in BF16: 1,342 GB of weights, more than one 8-card H200 node holds
+# (8 x 141 GB x 0.9 = 1,015 GB), less than two.
+DEEPSEEK_V3_BF16 = dataclasses.replace(
+    DEEPSEEK_V3_FP8, name="deepseek-v3-bf16", weight_dtype_bytes=2
+)
+
+
+@pytest.mark.parametrize(
+    ("model", "nodes"),
+    [(DEEPSEEK_V3_FP8, 1), (DEEPSEEK_V3_BF16, 2), (KIMI_K2_FP8, 2), (GLM_45_FP8, 1)],
+    ids=["v3-fp8", "v3-bf16", "k2-fp8", "glm"],
+)
+def test_a_replica_spans_the_fewest_nodes_whose_cards_hold_the_weights(model, nodes) -> None:
+    assert planner.fitted(Candidate(H200_SXM), model).nodes_per_replica == nodes
+    # Asked for more, it keeps what it was asked for.
+    assert planner.fitted(Candidate(H200_SXM, nodes_per_replica=3), model).nodes_per_replica == 3
+
+
+def test_a_deepseek_v3_class_decode_replica_on_two_h200_nodes_is_planned_in_whole_groups() -> None:
+    workload, target = Workload(40, 4000, 2000), Target(ttft_ms=6000, itl_ms=30)
+    result = plan(workload, target, DEEPSEEK_V3_BF16, [Candidate(H200_SXM)])
+    assert result is not None
+    decode = [p for p in result.pools if p.role == "decode"]
+    assert decode and all(p.candidate.nodes_per_replica == 2 for p in decode)
+    for pool in result.pools:
+        assert pool.nodes == 2 * pool.replicas  # whole groups: an even number of nodes
+        assert pool.cards == 16 * pool.replicas  # the time model counts both nodes' cards
+        assert pool.cost_per_hour == pytest.approx(pool.cards * H200_SXM.hourly_price_usd)
+    assert result.to_dict()["pools"][0]["nodes_per_replica"] == 2
+    document = deployment_document(result, name="v3", model_name="deepseek-ai/DeepSeek-V3")
+    for pool in parse_pddeployment(document).spec.decode.pools:
+        assert (pool.accelerator.per_replica, pool.accelerator.nodes_per_replica) == (8, 2)
+    # One node's cards would not hold the weights: the same plan on one node is no plan.
+    single = Candidate(H200_SXM, cards_per_replica=8)
+    assert evaluate(workload, target, DEEPSEEK_V3_BF16, [PoolPlan("decode", single, 8)])[1] == (
+        math.inf
+    )
+
+
+def test_scarce_cards_count_whole_groups() -> None:
+    """32 H200 cards: two 2-node groups at most, prefill and decode together."""
+    workload, target = Workload(1, 4000, 500), Target(ttft_ms=6000, itl_ms=50)
+    capped = Candidate(H200_SXM, max_cards=32)
+    result = plan(workload, target, DEEPSEEK_V3_BF16, [capped])
+    assert result is not None and result.cards() == 32
+    assert plan(workload, target, DEEPSEEK_V3_BF16, [Candidate(H200_SXM, max_cards=24)]) is None
+    reason = no_plan_reason(workload, target, DEEPSEEK_V3_BF16, [Candidate(H200_SXM, max_cards=24)])
+    assert reason.startswith("no prefill pool meets")
+
+
+def test_pdctl_plan_says_how_many_nodes_a_replica_spans(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--model", "kimi-k2-fp8", "--candidate", "h200", "--rate", "20",
+            "--input-tokens", "4000", "--output-tokens", "2000", "--itl-ms", "30"]  # fmt: skip
+    assert main(argv) == 0
+    header, _, *rows = capsys.readouterr().out.splitlines()
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert columns == ["role", "profile", "replicas", "nodes/replica", "nodes", "cards", "cost/h"]
+    for row in rows[:2]:
+        cells = dict(
+            zip(columns, (cell.strip() for cell in row.strip("|").split("|")), strict=True)
+        )
+        assert cells["nodes/replica"] == "2"
+        assert int(cells["nodes"]) == 2 * int(cells["replicas"])
+    assert main([*argv, "-o", "yaml"]) == 0
+    document = yaml.safe_load(capsys.readouterr().out)
+    for role in ("prefill", "decode"):
+        for pool in document["spec"][role]["pools"]:
+            assert pool["accelerator"]["nodesPerReplica"] == 2
+
+
+def test_a_candidate_takes_nodes_per_replica() -> None:
+    assert planner.parse_candidate("h200:nodes=2", {"h200": H200_SXM}).nodes_per_replica == 2
+    with pytest.raises(ValueError, match="nodes=17 is more than 16"):
+        planner.parse_candidate("h200:nodes=17", {"h200": H200_SXM})

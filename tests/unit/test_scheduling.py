@@ -13,8 +13,10 @@ from pd_operator.core.scheduling import (
     REASON_TAINT,
     REASON_TOO_MANY_PODS,
     REASON_UNSCHEDULABLE,
+    Decision,
     NodeFacts,
     PodDemand,
+    PodGroup,
     Requirement,
     Taint,
     Toleration,
@@ -22,6 +24,7 @@ from pd_operator.core.scheduling import (
     node_facts,
     packing_score,
     pod_demand,
+    pod_group,
     pod_requests,
     resource_reasons,
     schedule,
@@ -361,3 +364,90 @@ def test_schedule_places_every_pod_where_scanning_every_node_would(pods_spec, no
     ]
     fast = [(d.key, d.node) for d in schedule(pods, nodes, usage)]
     assert fast == naive_schedule(pods, nodes, usage)
+
+
+def lws_pod(group: str, size: int, cards: int = 8) -> dict[str, Any]:
+    body = pod(cards)
+    body["metadata"]["labels"] = {"leaderworkerset.sigs.k8s.io/group-key": group}
+    body["metadata"]["annotations"] = {"leaderworkerset.sigs.k8s.io/size": str(size)}
+    return body
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "expected"),
+    [
+        ({"leaderworkerset.sigs.k8s.io/group-key": "k"}, {"leaderworkerset.sigs.k8s.io/size": "2"},
+         PodGroup("k", 2)),
+        ({"leaderworkerset.sigs.k8s.io/group-key": "k"}, {"leaderworkerset.sigs.k8s.io/size": "1"},
+         None),
+        ({"leaderworkerset.sigs.k8s.io/group-key": "k"}, {}, None),
+        ({}, {"leaderworkerset.sigs.k8s.io/size": "2"}, None),
+        ({"leaderworkerset.sigs.k8s.io/group-key": "k"}, {"leaderworkerset.sigs.k8s.io/size": "x"},
+         None),
+    ],
+    ids=["group", "size-one", "no-size", "no-key", "bad-size"],
+)  # fmt: skip
+def test_a_pods_group_is_read_from_lws_labels(labels, annotations, expected):
+    body = {"metadata": {"labels": labels, "annotations": annotations}}
+    assert pod_group(body) == expected
+
+
+@pytest.mark.parametrize(
+    ("capacities", "groups", "placed"),
+    [
+        ([8, 8], [("g0", 2, 2)], {"g0": 2}),  # fits: both bound
+        ([8], [("g0", 2, 2)], {"g0": 0}),  # one node for a group of two: none bound
+        ([8, 8, 8], [("g0", 2, 2), ("g1", 2, 2)], {"g0": 2, "g1": 0}),  # the second: none
+        ([16], [("g0", 2, 2)], {"g0": 2}),  # two pods share a node with room for both
+        ([8, 8], [("g0", 2, 1)], {"g0": 0}),  # the worker is not created yet: wait
+        ([8, 8, 8, 8], [("g0", 3, 3), ("g1", 2, 2)], {"g0": 3, "g1": 0}),
+    ],
+    ids=["fits", "too-few-nodes", "second-group", "shared-node", "incomplete", "sizes"],
+)
+def test_a_group_is_bound_whole_or_not_at_all(capacities, groups, placed):
+    nodes = [node(f"n{i}", cards) for i, cards in enumerate(capacities)]
+    pods, members = [], {}
+    for key, size, present in groups:
+        for index in range(present):
+            pods.append((f"{key}-{index}", pod_demand(lws_pod(key, size))))
+            members[f"{key}-{index}"] = PodGroup(key, size)
+    decisions = {d.key: d for d in schedule(pods, nodes, {}, groups=members)}
+    assert set(decisions) == {key for key, _ in pods}
+    got = {key: 0 for key, _, _ in groups}
+    for decision in decisions.values():
+        got[members[decision.key].key] += decision.node is not None
+    assert got == placed
+    cards: dict[str, int] = {}
+    for decision in decisions.values():
+        if decision.node is not None:
+            cards[decision.node] = cards.get(decision.node, 0) + 8
+    assert all(cards[n.name] * 1000 <= n.allocatable[GPU] for n in nodes if n.name in cards)
+
+
+def test_an_unplaced_group_says_why_and_an_incomplete_one_says_nothing():
+    nodes = [node("n0")]
+    full = [(f"g-{i}", pod_demand(lws_pod("g", 2))) for i in range(2)]
+    refused = schedule(full, nodes, {}, groups=dict.fromkeys(["g-0", "g-1"], PodGroup("g", 2)))
+    assert {d.node for d in refused} == {None}
+    message = refused[0].message
+    assert message.startswith("0/1 nodes are available: 1 Insufficient mthreads.com/gpu.")
+    assert "The 2 pods of group g are bound together or not at all: none is bound." in message
+    waiting = schedule(full[:1], nodes, {}, groups={"g-0": PodGroup("g", 2)})
+    assert waiting == [Decision("g-0", None, "")]
+
+
+def test_a_group_with_pods_bound_already_places_the_rest():
+    """A Binding that failed for one pod of a group: the others are bound; it goes alone."""
+    nodes = [node("n0"), node("n1")]
+    usage = {"n0": {GPU: milli(8), "pods": 1000}}
+    rest = [("g-1", pod_demand(lws_pod("g", 2)))]
+    (decision,) = schedule(rest, nodes, usage, groups={"g-1": PodGroup("g", 2)}, bound={"g": 1})
+    assert decision.node == "n1"
+
+
+def test_pods_alone_still_fill_what_a_refused_group_left():
+    nodes = [node("n0")]
+    pods = [(f"g-{i}", pod_demand(lws_pod("g", 2))) for i in range(2)] + [("alone", demand())]
+    members = {"g-0": PodGroup("g", 2), "g-1": PodGroup("g", 2)}
+    decisions = {d.key: d.node for d in schedule(pods, nodes, {}, groups=members)}
+    assert decisions == {"g-0": None, "g-1": None, "alone": "n0"}

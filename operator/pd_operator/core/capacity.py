@@ -1,8 +1,10 @@
 """Free capacity: how many more replicas of a pool fit on the nodes, now.
 
-A replica needs `accelerator.perReplica` cards on ONE node (an engine does not span a node's
-fragments), plus its `accelerator.devices` (an RDMA HCA: a node whose HCAs are taken has no room
-for an engine that moves its KV cache over one), its CPU and memory requests and one pod slot.
+A pod of a replica needs `accelerator.perReplica` cards on ONE node (an engine does not span a
+node's fragments), plus its `accelerator.devices` (an RDMA HCA: a node whose HCAs are taken has no
+room for an engine that moves its KV cache over one), its CPU and memory requests and one pod slot.
+A replica of a multi-node pool is a group of `accelerator.nodesPerReplica` such pods, placed whole
+or not at all: it fits when that many pod slots are free (two on one node if it has room for both).
 Free is allocatable minus the requests of the pods bound to the node. Only Ready, uncordoned
 nodes that the pool admits (`placement.node_admits`: selector and taints) count.
 
@@ -74,17 +76,22 @@ class FreeCapacity:
         return [i for i, room in enumerate(self.rooms) if node_admits(pool, room.node)]
 
     def fits(self, pool: PoolSpec) -> int:
-        """How many more replicas of the pool fit, each on a single node."""
+        """How many more replicas of the pool fit: whole groups of `nodesPerReplica` pods, each
+        pod on a single node."""
         request = replica_request(pool)
-        return sum(self.rooms[i].replicas_fitting(request) for i in self._admitting(pool))
+        slots = sum(self.rooms[i].replicas_fitting(request) for i in self._admitting(pool))
+        return slots // pool.accelerator.nodes_per_replica
 
     def holds_one(self, pool: PoolSpec) -> bool:
-        """Some schedulable node the pool admits could hold one replica if it were empty."""
+        """The schedulable nodes the pool admits could hold one replica (a whole group) if they
+        were empty."""
         request = replica_request(pool)
-        return any(
-            NodeRoom(room.node, _allocatable(room.node)).replicas_fitting(request) > 0
-            for room in (self.rooms[i] for i in self._admitting(pool))
-        )
+        slots = 0
+        for room in (self.rooms[i] for i in self._admitting(pool)):
+            slots += NodeRoom(room.node, _allocatable(room.node)).replicas_fitting(request)
+            if slots >= pool.accelerator.nodes_per_replica:
+                return True
+        return False
 
     def shortage(self, pool: PoolSpec, *, not_ready: int, unschedulable: int) -> str | None:
         """Why the nodes cannot hold the replicas a pool has now (None: they can), whatever
@@ -95,9 +102,16 @@ class FreeCapacity:
             devices = "".join(
                 f" and {count} {name}" for name, count in sorted(accelerator.devices.items())
             )
+            offer = f"{accelerator.per_replica} {accelerator.resource_name}{devices}"
+            if accelerator.nodes_per_replica > 1:
+                return (
+                    f"fewer than {accelerator.nodes_per_replica} Ready, schedulable nodes "
+                    f"matching its nodeSelector and taints offer {offer} each: a replica needs "
+                    f"{accelerator.nodes_per_replica} nodes x {offer}"
+                )
             return (
                 f"no Ready, schedulable node matching its nodeSelector and taints offers "
-                f"{accelerator.per_replica} {accelerator.resource_name}{devices} per replica"
+                f"{offer} per replica"
             )
         room = self.fits(pool) if unschedulable else 0
         if unschedulable > room:
@@ -105,16 +119,19 @@ class FreeCapacity:
         return None
 
     def take(self, pool: PoolSpec, replicas: int) -> "FreeCapacity":
-        """The ledger after placing up to `replicas` replicas (as many as fit).
+        """The ledger after placing up to `replicas` replicas (as many as fit, whole groups).
 
-        Best fit: each replica goes to the admitting node with the fewest free cards that still
+        Best fit: each pod goes to the admitting node with the fewest free cards that still
         holds it, so large holes stay open for pools with more cards per replica.
         """
         request = replica_request(pool)
         cards = pool.accelerator.resource_name
         rooms = list(self.rooms)
         candidates = self._admitting(pool)
-        for _ in range(max(0, replicas)):
+        size = pool.accelerator.nodes_per_replica
+        # A group that does not fit whole takes nothing: no half-placed replica holds cards.
+        groups = max(0, replicas) if size == 1 else min(max(0, replicas), self.fits(pool))
+        for _ in range(groups * size):
             fitting = [i for i in candidates if rooms[i].replicas_fitting(request) > 0]
             if not fitting:
                 break

@@ -41,6 +41,7 @@ from pd_operator.core.perfmodel import (
     max_concurrent_sequences,
     model_load_seconds,
 )
+from pd_operator.core.placement import replica_cards
 from pd_operator.core.policy_state import CapacityBasis
 from pd_operator.core.queueing import MAX_UTILISATION, exponential_lengths, pooled_utilisation
 from pd_operator.core.resolved import Profiles, ResolvedSpec
@@ -72,7 +73,7 @@ def seed_capacity(
     if profiles is None:
         return None
     hardware, model = profiles
-    cards = pool.accelerator.per_replica
+    cards = replica_cards(pool)
     if role == "prefill":
         return _prefill_tokens_per_second(
             hardware, model, cards, prompt_tokens, prompt_length_cv2, cached_share=cached_share
@@ -126,7 +127,7 @@ def cache_speedup(resolved: ResolvedSpec, prompt_tokens: float, cached_share: fl
         profiles = resolved.profiles("prefill", pool.name)
         if profiles is not None:
             hardware, model = profiles
-            cards, cv2 = pool.accelerator.per_replica, TUNING.prompt_length_cv2
+            cards, cv2 = replica_cards(pool), TUNING.prompt_length_cv2
             warm = _prefill_tokens_per_second(
                 hardware, model, cards, prompt_tokens, cv2, cached_share=cached_share
             )
@@ -152,7 +153,7 @@ def prefill_utilisation(
     found = [
         _pool_utilisation(
             terms.profiles[pool.name],
-            pool.accelerator.per_replica,
+            replica_cards(pool),
             prompt_tokens=_two_digits(prompt_tokens),
             cached_share=round(cached_share, 2),
             tokens_per_second=_two_digits(per_replica[pool.name]),
@@ -219,7 +220,7 @@ def decode_utilisation(resolved: ResolvedSpec, context_tokens: float, dispersion
     found = [
         _decode_utilisation(
             *profiles,
-            pool.accelerator.per_replica,
+            replica_cards(pool),
             context_tokens=_two_digits(context_tokens),
             target_ms=terms.target.target_milliseconds,
             z=NormalDist().inv_cdf(terms.share),
@@ -300,7 +301,7 @@ def decode_context_tokens(
         profiles = resolved.profiles("decode", pool.name)
         if profiles is None:
             return None
-        held += count * kv_capacity_tokens(*profiles, pool.accelerator.per_replica)
+        held += count * kv_capacity_tokens(*profiles, replica_cards(pool))
     if held <= 0:
         return None
     return max(1.0, kv_cache_usage * held / running)
@@ -311,7 +312,7 @@ def seed_load_seconds(resolved: ResolvedSpec, role: Role, pool: PoolSpec) -> flo
     profiles = resolved.profiles(role, pool.name)
     if profiles is None:
         return None
-    return model_load_seconds(*profiles, pool.accelerator.per_replica)
+    return model_load_seconds(*profiles, replica_cards(pool))
 
 
 def _breach_correction(latency_ratio: float) -> float:
@@ -356,10 +357,10 @@ class RoleCapacity:
 def _per_card_fill(pools: Sequence[PoolSpec], known: dict[str, float]) -> None:
     """A pool without an estimate runs at the known pools' average rate per card."""
     if known and len(known) < len(pools):
-        cards = sum(p.accelerator.per_replica for p in pools if p.name in known)
+        cards = sum(replica_cards(p) for p in pools if p.name in known)
         per_card = sum(known.values()) / cards
         for pool in pools:
-            known.setdefault(pool.name, per_card * pool.accelerator.per_replica)
+            known.setdefault(pool.name, per_card * replica_cards(pool))
 
 
 def seeds(
@@ -450,8 +451,8 @@ def estimate_capacity(
         evidence = None
     ratio = latency_ratio if served > 0 and evidence else None
     if not known:
-        ready_cards = sum(ready.get(p.name, 0) * p.accelerator.per_replica for p in pools)
-        cards = {p.name: float(p.accelerator.per_replica) for p in pools}
+        ready_cards = sum(ready.get(p.name, 0) * replica_cards(p) for p in pools)
+        cards = {p.name: float(replica_cards(p)) for p in pools}
         if ratio is None or ready_cards == 0:
             return RoleCapacity(cards, None)
         per_card = served / ready_cards / _breach_correction(ratio)

@@ -5,11 +5,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from pd_operator.core.children import LABEL_POOL, LABEL_ROLE
+from pd_operator.core.children import LABEL_GROUP_ROLE, LABEL_POOL, LABEL_ROLE
 from pd_operator.core.quantity import parse_quantity
 
 # Which pod a ReplicaSet removes first among Ready ones: the lowest cost (Kubernetes >= 1.22).
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+# Every pod of one LeaderWorkerSet group carries its group's key (sigs.k8s.io/lws).
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 
 IMAGE_PROBLEMS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -34,6 +37,8 @@ class PodSummary:
     replica_set: str = ""  # the ReplicaSet that controls it ("" for another controller or none)
     template_hash: str = ""  # its pod-template-hash label: the ReplicaSet's name ends with it
     deletion_cost: int = 0  # controller.kubernetes.io/pod-deletion-cost, 0 when unset
+    group_role: str = ""  # of a multi-node pool's pod, leader or worker: its role
+    group: str = ""  # of a multi-node pool's pod: its LeaderWorkerSet group's key
 
 
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -105,6 +110,8 @@ def summarize_pod(pod: Mapping[str, Any]) -> PodSummary:
         replica_set=_controller_named(meta, "ReplicaSet"),
         template_hash=labels.get("pod-template-hash", ""),
         deletion_cost=_int_or_zero((meta.get("annotations") or {}).get(DELETION_COST)),
+        group_role=labels.get(LABEL_GROUP_ROLE, ""),
+        group=labels.get(LWS_GROUP_KEY, ""),
     )
 
 

@@ -25,6 +25,11 @@ def tolerates(tolerations: Iterable[Toleration], taint: Mapping[str, str]) -> bo
     return False
 
 
+def replica_cards(pool: PoolSpec) -> int:
+    """The cards one replica of the pool runs on: `perReplica` on each of its nodes."""
+    return pool.accelerator.per_replica * pool.accelerator.nodes_per_replica
+
+
 def node_admits(pool: PoolSpec, node: NodeSummary) -> bool:
     """Node labels match the pool's selector and every blocking taint is tolerated."""
     selector = pool.accelerator.node_selector

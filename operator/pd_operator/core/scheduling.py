@@ -5,15 +5,17 @@ profile that decide where accelerator pods go, in its order (NodeUnschedulable, 
 NodeAffinity, NodeResourcesFit), a most-allocated score that packs cards onto as few nodes as
 possible, and the FailedScheduling message. Like kube-scheduler, a node that is not Ready is kept
 off by the taints the node-lifecycle controller puts on it, not by looking at its conditions.
+The pods of one LeaderWorkerSet group (a multi-node replica) are placed together or not at all,
+as a gang scheduler does: a half-placed group would hold cards and serve nothing.
 """
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pd_operator.core.observe import summarize_node
+from pd_operator.core.observe import LWS_GROUP_KEY, summarize_node
 from pd_operator.core.quantity import parse_quantity
 
 # Filter reasons, word for word as kube-scheduler v1.36 reports them. Since kubernetes#134740
@@ -27,6 +29,9 @@ PODS = "pods"
 # A node with `spec.unschedulable` (kubectl cordon) admits pods that tolerate this taint.
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+# How many pods the group of a LeaderWorkerSet pod has, leader included (sigs.k8s.io/lws).
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 
 Usage = Mapping[str, int]  # resource name -> amount in milli-units ("pods" counts 1000 per pod)
 
@@ -211,6 +216,24 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
     )
 
 
+@dataclass(frozen=True)
+class PodGroup:
+    """The group a pod is placed with: `size` pods sharing `key`, bound whole or not at all."""
+
+    key: str
+    size: int
+
+
+def pod_group(pod: Mapping[str, Any]) -> PodGroup | None:
+    """The LeaderWorkerSet group of a pod (None: it is placed alone)."""
+    meta = pod.get("metadata") or {}
+    key = (meta.get("labels") or {}).get(LWS_GROUP_KEY)
+    size = str((meta.get("annotations") or {}).get(LWS_SIZE) or "")
+    if not key or not size.isdigit() or int(size) < 2:
+        return None
+    return PodGroup(key, int(size))
+
+
 def node_facts(node: Mapping[str, Any]) -> NodeFacts:
     """The facts of a node object that the filters read."""
     summary = summarize_node(node)
@@ -284,7 +307,8 @@ def unschedulable_message(total_nodes: int, reasons: Iterable[str]) -> str:
 
 @dataclass(frozen=True)
 class Decision:
-    """Where one pod goes: a node, or None with the message that says why not."""
+    """Where one pod goes: a node, or None with the message that says why not (an empty one:
+    its group is not all there yet, nothing to say)."""
 
     key: str
     node: str | None
@@ -306,10 +330,78 @@ class _DemandState:
     positive: tuple[tuple[str, int], ...]  # the requests worth checking
 
 
+class _Books:
+    """What one call of `schedule` has placed so far, and learnt about each demand."""
+
+    def __init__(self, nodes: Sequence[NodeFacts], usage: Mapping[str, Usage]) -> None:
+        self.usage = usage
+        self.used: dict[str, dict[str, int]] = {}
+        self.ordered = sorted(nodes, key=lambda n: n.name)
+        self.states: dict[PodDemand, _DemandState] = {}
+
+    def now(self, node: NodeFacts) -> Usage:
+        return self.used.get(node.name) or self.usage.get(node.name) or {}
+
+    def state_of(self, demand: PodDemand) -> _DemandState:
+        state = self.states.get(demand)
+        if state is None:
+            feasible, rejected = [], []
+            for node in self.ordered:
+                reason = static_reason(demand, node)
+                if reason is None:
+                    feasible.append(node)
+                else:
+                    rejected.append(reason)
+            positive = tuple((r, a) for r, a in demand.requests if a > 0)
+            state = self.states[demand] = _DemandState(feasible, rejected, list(feasible), positive)
+        return state
+
+    def failure(self, demand: PodDemand, seen: Callable[[NodeFacts], Usage]) -> str:
+        state = self.state_of(demand)
+        reasons = list(state.rejected)
+        for node in state.feasible:
+            reasons.extend(resource_reasons(demand, node, seen(node)))
+        return unschedulable_message(len(self.ordered), reasons)
+
+    def place_group(self, group: PodGroup, gang: Sequence[tuple[str, PodDemand]]) -> list[Decision]:
+        """Every pod of a group on a node, booked; or none, and why."""
+        trial: dict[str, dict[str, int]] = {}
+
+        def seen(node: NodeFacts) -> Usage:
+            return trial.get(node.name) or self.now(node)
+
+        chosen = []
+        for key, demand in gang:
+            state = self.state_of(demand)
+            best: NodeFacts | None = None
+            best_score = (-1.0, -1.0)
+            # Candidates were pruned on booked usage only, which this trial only adds to.
+            for node in state.candidates:
+                if _fits(state.positive, node, seen(node)):
+                    score = packing_score(demand, node, seen(node))
+                    if score > best_score:
+                        best, best_score = node, score
+            if best is None:
+                message = (
+                    f"{self.failure(demand, seen)} The {group.size} pods of group {group.key} "
+                    "are bound together or not at all: none is bound."
+                )
+                return [Decision(k, None, message) for k, _ in gang]
+            placed = dict(seen(best))
+            for resource, amount in demand.requests:
+                placed[resource] = placed.get(resource, 0) + amount
+            trial[best.name] = placed
+            chosen.append(Decision(key, best.name))
+        self.used.update(trial)
+        return chosen
+
+
 def schedule(
     pods: Sequence[tuple[str, PodDemand]],
     nodes: Sequence[NodeFacts],
     usage: Mapping[str, Usage],
+    groups: Mapping[str, PodGroup] | None = None,
+    bound: Mapping[str, int] | None = None,
 ) -> list[Decision]:
     """Place pods in order, each seeing the nodes as the pods before it left them.
 
@@ -318,40 +410,49 @@ def schedule(
     for the rest of the call; consecutive pods of one demand go on filling the node the previous
     one chose while it fits (it only got fuller, so it still scores best); and once a demand
     finds no node, later pods with it get the same message.
+
+    A pod in `groups` (pod key -> its group) is placed with the rest of its group when the
+    first of them comes in order: all of them, or none. `bound` counts the pods of each group
+    already on a node; a group whose other pods do not exist yet waits (an empty message).
     """
-    used: dict[str, dict[str, int]] = {}
-    ordered = sorted(nodes, key=lambda n: n.name)
-    states: dict[PodDemand, _DemandState] = {}
+    books = _Books(nodes, usage)
     failed: dict[PodDemand, str] = {}
     decisions = []
     last: tuple[PodDemand, NodeFacts] | None = None
-
-    def now(node: NodeFacts) -> Usage:
-        return used.get(node.name) or usage.get(node.name) or {}
+    members: dict[str, list[tuple[str, PodDemand]]] = {}
+    for key, demand in pods if groups else ():
+        group = groups.get(key) if groups else None
+        if group is not None:
+            members.setdefault(group.key, []).append((key, demand))
 
     for key, demand in pods:
+        group = groups.get(key) if groups else None
+        if group is not None:
+            gang = members.pop(group.key, None)
+            if gang is None:
+                continue  # decided with the first pod of its group
+            if len(gang) + (bound or {}).get(group.key, 0) < group.size:
+                decisions += [Decision(k, None) for k, _ in gang]
+            else:
+                decisions += books.place_group(group, gang)
+            last = None
+            continue
         if demand in failed:
             decisions.append(Decision(key, None, failed[demand]))
             continue
-        state = states.get(demand)
-        if state is None:
-            feasible, rejected = [], []
-            for node in ordered:
-                reason = static_reason(demand, node)
-                if reason is None:
-                    feasible.append(node)
-                else:
-                    rejected.append(reason)
-            positive = tuple((r, a) for r, a in demand.requests if a > 0)
-            state = states[demand] = _DemandState(feasible, rejected, list(feasible), positive)
+        state = books.state_of(demand)
         best: NodeFacts | None = None
-        if last is not None and last[0] == demand and _fits(state.positive, last[1], now(last[1])):
+        if (
+            last is not None
+            and last[0] == demand
+            and _fits(state.positive, last[1], books.now(last[1]))
+        ):
             best = last[1]
         else:
             best_score = (-1.0, -1.0)
             fitting = []
             for node in state.candidates:
-                current = now(node)
+                current = books.now(node)
                 if not _fits(state.positive, node, current):
                     continue
                 fitting.append(node)
@@ -360,18 +461,14 @@ def schedule(
                     best, best_score = node, score
             state.candidates = fitting
         if best is None:
-            reasons = list(state.rejected)
-            for node in state.feasible:
-                reasons.extend(resource_reasons(demand, node, now(node)))
-            message = unschedulable_message(len(ordered), reasons)
-            failed[demand] = message
+            message = failed[demand] = books.failure(demand, books.now)
             decisions.append(Decision(key, None, message))
             last = None
             continue
-        placed = dict(now(best))
+        placed = dict(books.now(best))
         for resource, amount in demand.requests:
             placed[resource] = placed.get(resource, 0) + amount
-        used[best.name] = placed
+        books.used[best.name] = placed
         decisions.append(Decision(key, best.name))
         last = (demand, best)
     return decisions

@@ -111,14 +111,19 @@ def plan_text(result: "Plan") -> str:
             "role": pool.role,
             "profile": pool.candidate.hardware.name,
             "replicas": str(pool.replicas),
+            "nodes/replica": str(pool.candidate.nodes_per_replica),
+            "nodes": str(pool.nodes),
             "cards": str(pool.cards),
             "cost/h": f"{pool.cost_per_hour:.2f}",
         }
         for pool in result.pools
     ]
+    # Only a plan whose replicas span several nodes (the weights need them) says how many.
+    multi_node = any(pool.candidate.nodes_per_replica > 1 for pool in result.pools)
+    nodes = ("nodes/replica", "nodes") if multi_node else ()
     payback = result.payback_hours
     lines = [
-        tables.render(("role", "profile", "replicas", "cards", "cost/h"), rows),
+        tables.render(("role", "profile", "replicas", *nodes, "cards", "cost/h"), rows),
         f"predicted TTFT {result.ttft_ms:,.0f} ms (target {result.target.ttft_ms:,.0f}; KV "
         f"hand-off over {result.link_bytes_per_second / 1e9:g} GB/s inside it), "
         f"ITL {result.itl_ms:.1f} ms (target {result.target.itl_ms:,.0f})",
@@ -167,7 +172,10 @@ def plan_text(result: "Plan") -> str:
     "--candidate",
     multiple=True,
     default=DEFAULT_CANDIDATES,
-    help="PROFILE[:price=P][:cards=N][:buy=P][:max=N] (repeatable)",
+    help=(
+        "PROFILE[:price=P][:cards=N][:buy=P][:max=N][:nodes=N] (repeatable; cards per node of "
+        "a replica; nodes per replica, raised until the weights fit)"
+    ),
 )
 @click.option(
     "--replay",

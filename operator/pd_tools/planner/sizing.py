@@ -22,6 +22,9 @@ the cheapest feasible one per role. How each estimate is made:
   a slot averaged over the requests by how long each holds one (its output length). The batch
   swings around B (`decode_itl_at`): the plan is feasible when the step at the batch that the
   target's share of the requests see meets the ITL target, and that batch fits in the KV cache.
+* Nodes per replica: a replica whose weights do not fit the cards of one node (a candidate's
+  `cards`) spans as many such nodes as it takes, `nodesPerReplica` (an LWS group placed whole),
+  and the time model counts all of its cards; a plan asks for whole groups of nodes.
 * Cost per million tokens counts input and output tokens; revenue uses the token prices
   (CONTEXT.md: 8 CNY per million uncached input, 2 per million cached, 2.6 blended); payback is
   the purchase price of the cards over the hourly margin (revenue minus card-hour cost).
@@ -38,6 +41,7 @@ from pd_operator.core.hardware import HardwareProfile, ModelProfile
 from pd_operator.core.perfmodel import (
     PrefillCoefficients,
     decode_itl_ms,
+    kv_capacity_tokens,
     kv_transfer_seconds,
     max_concurrent_sequences,
 )
@@ -45,6 +49,7 @@ from pd_operator.core.queueing import MAX_UTILISATION, attained_share
 from pd_operator.core.tuning import TUNING
 
 MAX_REPLICAS = 256
+MAX_NODES_PER_REPLICA = 16  # as accelerator.nodesPerReplica allows
 DEFAULT_LINK_BYTES_PER_SECOND = 100e9  # as the engine simulator (Mooncake's low end)
 ROLES = ("prefill", "decode")
 # A trace's distinct (input, output) pairs beyond this are merged into classes of lengths
@@ -141,13 +146,20 @@ class Target:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A card the planner may use: its profile, cards per replica, prices, availability."""
+    """A card the planner may use: its profile, cards per replica (on each node), prices,
+    availability."""
 
     hardware: HardwareProfile
-    cards_per_replica: int = 8
+    cards_per_replica: int = 8  # accelerator.perReplica: cards on each node of a replica
     card_hour_price: float | None = None  # None: the profile's placeholder price
     purchase_price: float | None = None  # per card, for the payback time
     max_cards: int | None = None  # cards available of this type, both roles together
+    nodes_per_replica: int = 1  # at least; `fitted` raises it until the weights fit
+
+    @property
+    def replica_cards(self) -> int:
+        """Every card of one replica, over all its nodes."""
+        return self.cards_per_replica * self.nodes_per_replica
 
     @property
     def price(self) -> float:
@@ -192,7 +204,12 @@ class PoolPlan:
 
     @property
     def cards(self) -> int:
-        return self.replicas * self.candidate.cards_per_replica
+        return self.replicas * self.candidate.replica_cards
+
+    @property
+    def nodes(self) -> int:
+        """Nodes (pods) of the pool: whole groups of `nodes_per_replica`."""
+        return self.replicas * self.candidate.nodes_per_replica
 
     @property
     def cost_per_hour(self) -> float:
@@ -244,6 +261,7 @@ class Plan:
                     "profile": p.candidate.hardware.name,
                     "replicas": p.replicas,
                     "cards_per_replica": p.candidate.cards_per_replica,
+                    "nodes_per_replica": p.candidate.nodes_per_replica,
                     "cards": p.cards,
                     "cost_per_hour": p.cost_per_hour,
                 }
@@ -258,6 +276,16 @@ class Plan:
             "infeasible_share": self.infeasible_share,
             "kv_link_gb_per_second": self.link_bytes_per_second / 1e9,
         }
+
+
+def fitted(candidate: Candidate, model: ModelProfile) -> Candidate:
+    """The candidate with the fewest nodes per replica (at least its own) whose cards hold the
+    model's weights with room for KV cache; unchanged when not even MAX_NODES_PER_REPLICA do."""
+    for nodes in range(candidate.nodes_per_replica, MAX_NODES_PER_REPLICA + 1):
+        cards = candidate.cards_per_replica * nodes
+        if kv_capacity_tokens(candidate.hardware, model, cards) > 0:
+            return replace(candidate, nodes_per_replica=nodes)
+    return candidate
 
 
 def _service_s(
@@ -291,7 +319,7 @@ class PrefillStats:
     ) -> "PrefillStats":
         """`transfer_s` and `served` (counted in the latencies) per length class."""
         coefficients = PrefillCoefficients.from_profiles(
-            candidate.hardware, model, candidate.cards_per_replica
+            candidate.hardware, model, candidate.replica_cards
         )
         classes = workload.classes()
         service = [_service_s(coefficients, i, workload.cache_hit_rate) for i, _, _ in classes]
@@ -384,7 +412,7 @@ def decode_itl_at(
     fits = {
         c: min(
             TUNING.max_decode_batch,
-            max_concurrent_sequences(c.hardware, model, c.cards_per_replica, footprint),
+            max_concurrent_sequences(c.hardware, model, c.replica_cards, footprint),
         )
         for c, _ in pools
     }
@@ -394,9 +422,7 @@ def decode_itl_at(
         b = max(1, math.ceil(batch))
         if any(b > fits[c] for c, _ in pools):
             return math.inf
-        return max(
-            decode_itl_ms(c.hardware, model, c.cards_per_replica, b, context) for c, _ in pools
-        )
+        return max(decode_itl_ms(c.hardware, model, c.replica_cards, b, context) for c, _ in pools)
 
     # The router spreads sequences evenly over replicas; each pool's batch follows its ITL.
     itl = 20.0
@@ -427,11 +453,11 @@ def _cheapest(
     best_cost = math.inf
     for option in _options(candidates):
         limits = [
-            min(MAX_REPLICAS, cards_left.get(c.hardware.name, 10**9) // c.cards_per_replica)
+            min(MAX_REPLICAS, cards_left.get(c.hardware.name, 10**9) // c.replica_cards)
             for c in option
         ]
         for n0 in range(1, limits[0] + 1):
-            if n0 * option[0].cards_per_replica * option[0].price >= best_cost:
+            if n0 * option[0].replica_cards * option[0].price >= best_cost:
                 break  # the first pool alone already costs more than the best plan
             counts = [n0]
             if len(option) == 2:
@@ -473,7 +499,7 @@ def plan(
         workload,
         target,
         model,
-        candidates,
+        [fitted(c, model) for c in candidates],
         prices=prices,
         link_bytes_per_second=link_bytes_per_second,
     )
@@ -565,7 +591,7 @@ def _fastest_alone(
     classes = workload.classes()
     for candidate in candidates:
         coefficients = PrefillCoefficients.from_profiles(
-            candidate.hardware, model, candidate.cards_per_replica
+            candidate.hardware, model, candidate.replica_cards
         )
         for k, (i, _, _) in enumerate(classes):
             prompt = max(1, round(i))
@@ -585,6 +611,7 @@ def no_plan_reason(
 ) -> str:
     """Why `plan` finds nothing, in words a user can act on: the role no mix serves, and what
     each candidate's largest pool would give it ("" when there is a plan)."""
+    candidates = [fitted(c, model) for c in candidates]
     found = _search(
         workload,
         target,
@@ -616,7 +643,7 @@ def no_plan_reason(
             "--ttft-ms or add a faster candidate"
         )
     limits = {
-        c: min(MAX_REPLICAS, found.cards_left.get(c.hardware.name, 10**9) // c.cards_per_replica)
+        c: min(MAX_REPLICAS, found.cards_left.get(c.hardware.name, 10**9) // c.replica_cards)
         for c in candidates
     }
     if found.role == "decode":
@@ -720,22 +747,21 @@ def deployment_document(
     for pool in plan_.pools:
         hardware = pool.candidate.hardware
         vendor = hardware.resource_name.split("/")[0]
+        accelerator: dict[str, Any] = {
+            "resourceName": hardware.resource_name,
+            "perReplica": pool.candidate.cards_per_replica,
+            "tolerations": [
+                {"key": hardware.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "profile": hardware.name,
+            "nodeSelector": {f"{vendor}/gpu.product": hardware.gpu_product},
+        }
+        if pool.candidate.nodes_per_replica > 1:
+            accelerator["nodesPerReplica"] = pool.candidate.nodes_per_replica
         roles[pool.role].append(
             {
                 "name": pool.name,
-                "accelerator": {
-                    "resourceName": hardware.resource_name,
-                    "perReplica": pool.candidate.cards_per_replica,
-                    "tolerations": [
-                        {
-                            "key": hardware.resource_name,
-                            "operator": "Exists",
-                            "effect": "NoSchedule",
-                        }
-                    ],
-                    "profile": hardware.name,
-                    "nodeSelector": {f"{vendor}/gpu.product": hardware.gpu_product},
-                },
+                "accelerator": accelerator,
                 "replicas": {"min": 1, "max": max(1, pool.replicas) + headroom_replicas},
             }
         )
@@ -762,20 +788,25 @@ def deployment_document(
 
 
 def parse_candidate(text: str, profiles: Mapping[str, HardwareProfile]) -> Candidate:
-    """`h200`, or `mtt-s5000:price=1.5:cards=8:buy=20000:max=32` (price per card-hour)."""
+    """`h200`, or `mtt-s5000:price=1.5:cards=8:buy=20000:max=32:nodes=2` (price per card-hour;
+    cards per node of a replica; nodes per replica at least, raised until the weights fit)."""
     name, *options = text.split(":")
     if name not in profiles:
         raise ValueError(f"unknown hardware profile {name!r}; known: {', '.join(profiles)}")
     values: dict[str, float] = {}
     for option in options:
         key, _, value = option.partition("=")
-        if key not in ("price", "cards", "buy", "max"):
-            raise ValueError(f"unknown candidate option {key!r}; known: price, cards, buy, max")
+        if key not in ("price", "cards", "buy", "max", "nodes"):
+            raise ValueError(
+                f"unknown candidate option {key!r}; known: price, cards, buy, max, nodes"
+            )
         try:
             values[key] = float(value)
         except ValueError:
             raise ValueError(f"{key}={value!r} is not a number") from None
-        counted = key in ("cards", "max")
+        counted = key in ("cards", "max", "nodes")
+        if key == "nodes" and values[key] > MAX_NODES_PER_REPLICA:
+            raise ValueError(f"nodes={value} is more than {MAX_NODES_PER_REPLICA}")
         if not values[key] >= (1 if counted else 0) or (counted and not values[key].is_integer()):
             wants = "a whole number of at least 1" if counted else "a number of at least 0"
             raise ValueError(f"{key}={value} is not {wants}")
@@ -785,4 +816,5 @@ def parse_candidate(text: str, profiles: Mapping[str, HardwareProfile]) -> Candi
         card_hour_price=values.get("price"),
         purchase_price=values.get("buy"),
         max_cards=int(values["max"]) if "max" in values else None,
+        nodes_per_replica=int(values.get("nodes", 1)),
     )

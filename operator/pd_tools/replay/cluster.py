@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from pd_operator.api.spec import PDDeploymentSpec, PoolSpec
 from pd_operator.core.hardware import HARDWARE_PROFILES
+from pd_operator.core.placement import replica_cards
 from pd_tools.enginesim.engine import DEFAULT_LINK_BYTES_PER_SECOND
 from pd_tools.replay.baselines import ROLES
 
@@ -39,13 +40,14 @@ class Cluster:
         return HARDWARE_PROFILES[profile].hourly_price_usd
 
     def holds(self, pool: PoolSpec) -> bool:
-        """Whether some node holds one replica of the pool (its profile, enough cards)."""
-        return any(
-            t.profile == pool.accelerator.profile
-            and t.nodes > 0
-            and t.cards_per_node >= pool.accelerator.per_replica
+        """Whether the nodes hold one replica of the pool (its profile, enough cards): a pod on
+        one node, or a group of `nodesPerReplica` pods (two on one node if it has room)."""
+        slots = sum(
+            t.nodes * (t.cards_per_node // pool.accelerator.per_replica)
             for t in self.node_types
+            if t.profile == pool.accelerator.profile
         )
+        return slots >= pool.accelerator.nodes_per_replica
 
     def missing_role(self, spec: PDDeploymentSpec) -> str:
         """Why a role has no pool any node can hold ("" when every role has one)."""
@@ -53,14 +55,14 @@ class Cluster:
             pools = spec.pools(role)
             if not any(self.holds(pool) for pool in pools):
                 wanted = ", ".join(
-                    f"{p.name} ({p.accelerator.profile}, {p.accelerator.per_replica} cards)"
-                    for p in pools
+                    f"{p.name} ({p.accelerator.profile}, {_shape(p)})" for p in pools
                 )
                 example = pools[0].accelerator.profile
                 cards = max(8, pools[0].accelerator.per_replica)
+                nodes = max(2, pools[0].accelerator.nodes_per_replica)
                 return (
                     f"no node holds a replica of any {role} pool: {wanted}; add nodes, e.g."
-                    f" {example}=2x{cards}"
+                    f" {example}={nodes}x{cards}"
                 )
         return ""
 
@@ -71,11 +73,17 @@ class Cluster:
         for role in ROLES:
             for pool in spec.pools(role):
                 name = accelerator_profile(pool)
-                cards[name] = cards.get(name, 0) + pool.replicas.max * pool.accelerator.per_replica
+                cards[name] = cards.get(name, 0) + pool.replicas.max * replica_cards(pool)
         per_node = max(
             [cards_per_node] + [p.accelerator.per_replica for r in ROLES for p in spec.pools(r)]
         )
         return cls(tuple(NodeType(n, math.ceil(c / per_node), per_node) for n, c in cards.items()))
+
+
+def _shape(pool: PoolSpec) -> str:
+    cards = f"{pool.accelerator.per_replica} cards"
+    nodes = pool.accelerator.nodes_per_replica
+    return cards if nodes == 1 else f"{nodes} nodes x {cards}"
 
 
 def accelerator_profile(pool: PoolSpec) -> str:

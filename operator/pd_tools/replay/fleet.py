@@ -17,6 +17,7 @@ from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation, PoolObservation
 from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
 from pd_operator.core.observe import NodeSummary
+from pd_operator.core.placement import replica_cards
 from pd_tools.enginesim.engine import Instance, PDEngine, ReplicaSpec, State
 from pd_tools.enginesim.engine import Role as EngineRole
 from pd_tools.replay.baselines import ROLES
@@ -32,7 +33,7 @@ RemovalOrder = Literal["replicaset", "least-work"]
 @dataclass
 class _Replica:
     name: str
-    node: int
+    nodes: tuple[int, ...]  # one per pod: a multi-node replica's group spans several
     # A Ready replica counted when removed: when it went, and the requests it was running then
     # (each with its tokens still ahead there), to judge its drain once it is gone.
     removed_s: float | None = None
@@ -90,7 +91,7 @@ class Fleet:
         self.pools = {(r, p.name): p for r in ROLES for p in spec.pools(r)}
         self.replica_spec = {
             key: ReplicaSpec.from_profiles(
-                HARDWARE_PROFILES[accelerator_profile(p)], model, p.accelerator.per_replica
+                HARDWARE_PROFILES[accelerator_profile(p)], model, replica_cards(p)
             )
             for key, p in self.pools.items()
         }
@@ -139,11 +140,13 @@ class Fleet:
         ]
 
     def room(self) -> dict[PoolKey, int]:
-        """Most replicas each pool could have now: its max, and what the free cards hold."""
+        """Most replicas each pool could have now: its max, and what the free cards hold (whole
+        groups of `nodesPerReplica` pods)."""
         out = {}
         for key, pool in self.pools.items():
             cards = pool.accelerator.per_replica
-            spare = sum(self.free[i] // cards for i in self._fits(pool))
+            slots = sum(min(self.free[i] // cards, self.pods[i]) for i in self._fits(pool))
+            spare = slots // pool.accelerator.nodes_per_replica
             out[key] = min(pool.replicas.max, len(self.live[key]) + spare)
         return out
 
@@ -220,15 +223,29 @@ class Fleet:
             self.removed.cut += len(cut)
             self.removed.cut_tokens += sum(cut)
 
+    def _place_group(self, pool: PoolSpec) -> tuple[int, ...]:
+        """The nodes of one replica's pods, booked; () when its whole group does not fit (then
+        nothing is booked, as the mock scheduler binds a group whole or not at all)."""
+        nodes: list[int] = []
+        for _ in range(pool.accelerator.nodes_per_replica):
+            fitting = self._fits(pool)
+            if not fitting:
+                for node in nodes:
+                    self.free[node] += pool.accelerator.per_replica
+                    self.pods[node] += 1
+                return ()
+            node = min(fitting, key=lambda i: (self.free[i], i))  # best fit, as the scheduler
+            self.free[node] -= pool.accelerator.per_replica
+            self.pods[node] -= 1
+            nodes.append(node)
+        return tuple(nodes)
+
     def place(self, engine: PDEngine, warm_up: bool) -> None:
         for key, pool in self.pools.items():
             while self.pending[key] > 0:
-                nodes = self._fits(pool)
+                nodes = self._place_group(pool)
                 if not nodes:
                     break
-                node = min(nodes, key=lambda i: (self.free[i], i))  # best fit, as the scheduler
-                self.free[node] -= pool.accelerator.per_replica
-                self.pods[node] -= 1
                 self.pending[key] -= 1
                 self.serial += 1
                 name = f"{key[0]}-{key[1]}-{self.serial}"
@@ -239,7 +256,7 @@ class Fleet:
                     else (spec.load_seconds if self.load_s is None else self.load_s)
                 )
                 engine.add_instance(name, EngineRole(key[0]), spec, ready_after_s=delay)
-                self.live[key].append(_Replica(name, node))
+                self.live[key].append(_Replica(name, nodes))
 
     def release_drained(self, engine: PDEngine) -> None:
         still = []
@@ -247,9 +264,10 @@ class Fleet:
             instance = engine.instance(replica.name)
             if instance.state is State.GONE:
                 pool = self.pools[self._key_of(replica.name)]
-                self._note_drained(instance, replica, pool.accelerator.per_replica, engine.now_s)
-                self.free[replica.node] += pool.accelerator.per_replica
-                self.pods[replica.node] += 1
+                self._note_drained(instance, replica, replica_cards(pool), engine.now_s)
+                for node in replica.nodes:
+                    self.free[node] += pool.accelerator.per_replica
+                    self.pods[node] += 1
             else:
                 still.append(replica)
         self.draining = still
@@ -264,11 +282,11 @@ class Fleet:
         for key, replicas in self.live.items():
             pool = self.pools[key]
             profile = accelerator_profile(pool)
-            out[profile] = out.get(profile, 0) + len(replicas) * pool.accelerator.per_replica
+            out[profile] = out.get(profile, 0) + len(replicas) * replica_cards(pool)
         for replica in self.draining:
             pool = self.pools[self._key_of(replica.name)]
             profile = accelerator_profile(pool)
-            out[profile] = out.get(profile, 0) + pool.accelerator.per_replica
+            out[profile] = out.get(profile, 0) + replica_cards(pool)
         return out
 
     def observation(self, engine: PDEngine, signals: Mapping[Role, Any]) -> Observation:

@@ -16,6 +16,7 @@ from typing import Any
 from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.children import PoolKey
 from pd_operator.core.hardware import ModelProfile
+from pd_operator.core.placement import replica_cards
 from pd_tools.enginesim.engine import PDEngine, Routing
 from pd_tools.replay.baselines import ROLES, started_replicas
 from pd_tools.replay.cluster import Cluster, accelerator_profile
@@ -324,8 +325,6 @@ def _fewest(
 
 def _cost_per_hour(fleet: Fleet, cluster: Cluster, config: Mapping[PoolKey, int]) -> float:
     return sum(
-        n
-        * fleet.pools[key].accelerator.per_replica
-        * cluster.price(accelerator_profile(fleet.pools[key]))
+        n * replica_cards(fleet.pools[key]) * cluster.price(accelerator_profile(fleet.pools[key]))
         for key, n in config.items()
     )

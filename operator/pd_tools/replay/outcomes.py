@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
 from pd_operator.core.perfmodel import kv_transfer_seconds
+from pd_operator.core.placement import replica_cards
 from pd_tools.enginesim.engine import DEFAULT_LINK_BYTES_PER_SECOND, ReplicaSpec, RequestRecord
 from pd_tools.replay.baselines import ROLES
 from pd_tools.replay.cluster import accelerator_profile
@@ -58,7 +59,7 @@ def idle_latencies(
     replicas = {
         role: [
             ReplicaSpec.from_profiles(
-                HARDWARE_PROFILES[accelerator_profile(p)], model, p.accelerator.per_replica
+                HARDWARE_PROFILES[accelerator_profile(p)], model, replica_cards(p)
             )
             for p in spec.pools(role)
         ]

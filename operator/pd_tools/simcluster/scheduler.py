@@ -6,6 +6,8 @@ the books (what is bound, what is assumed bound while the Binding call is in fli
 Bindings, the PodScheduled=False condition and FailedScheduling events (once per new message).
 Unschedulable pods are retried when capacity frees or nodes change, and every
 BACKUP_RETRY_SECONDS regardless, as kube-scheduler flushes its unschedulable queue.
+The pods of a LeaderWorkerSet group wait, unmarked, until all of them exist; then all are bound
+or all are marked Unschedulable.
 """
 
 import concurrent.futures
@@ -22,8 +24,10 @@ from kubernetes.client.exceptions import ApiException
 from pd_operator.core.scheduling import (
     NodeFacts,
     PodDemand,
+    PodGroup,
     node_facts,
     pod_demand,
+    pod_group,
     pod_requests,
     schedule,
 )
@@ -52,6 +56,7 @@ class PendingPod:
     demand: PodDemand
     order: tuple[int, str, str, str]  # higher priority first, then older, then by name
     message: str = ""  # the Unschedulable message last written to the pod
+    group: PodGroup | None = None  # the LeaderWorkerSet group it is bound with
     in_flight: bool = False  # a Binding or a status write is out
     passed_over: bool = False  # a pass ran while it was in flight
 
@@ -62,6 +67,7 @@ class _Placement:
     requests: dict[str, int]
     confirmed: bool = False  # seen bound on the watch (else only assumed)
     expires: float = float("inf")  # when an unconfirmed placement is given up
+    group: str = ""  # its LeaderWorkerSet group's key
 
 
 def _version(obj: Mapping[str, Any]) -> int:
@@ -90,6 +96,7 @@ class MockScheduler:
         self.pending: dict[str, PendingPod] = {}
         self.placed: dict[str, _Placement] = {}  # uid -> node, for bound and assumed pods
         self.usage: dict[str, dict[str, int]] = {}
+        self.group_placed: dict[str, int] = {}  # group key -> its pods bound or assumed
         self.bound_times: list[float] = []  # time.monotonic() of each successful Binding
         self.passes = 0
         self.pass_seconds = 0.0
@@ -172,6 +179,7 @@ class MockScheduler:
                     meta["name"],
                 ),
                 message=_scheduled_message(pod),
+                group=pod_group(pod),
             )
             self._wake()
 
@@ -187,12 +195,23 @@ class MockScheduler:
             placement = self.placed.get(uid)
             if placement is None:
                 requests = pod_requests(pod["spec"])
-                self._book(uid, _Placement(pod["spec"]["nodeName"], requests, confirmed=True))
+                group = pod_group(pod)
+                self._book(
+                    uid,
+                    _Placement(
+                        pod["spec"]["nodeName"],
+                        requests,
+                        confirmed=True,
+                        group=group.key if group else "",
+                    ),
+                )
             else:
                 placement.confirmed = True
 
     def _book(self, uid: str, placement: _Placement) -> None:
         self.placed[uid] = placement
+        if placement.group:
+            self.group_placed[placement.group] = self.group_placed.get(placement.group, 0) + 1
         used = self.usage.setdefault(placement.node, {})
         for resource, amount in placement.requests.items():
             used[resource] = used.get(resource, 0) + amount
@@ -201,6 +220,10 @@ class MockScheduler:
         placement = self.placed.pop(uid, None)
         if placement is None:
             return False
+        if placement.group:
+            left = self.group_placed.pop(placement.group, 0) - 1
+            if left > 0:
+                self.group_placed[placement.group] = left
         used = self.usage.get(placement.node, {})
         for resource, amount in placement.requests.items():
             used[resource] = used.get(resource, 0) - amount
@@ -231,15 +254,21 @@ class MockScheduler:
                 queue.append(pod)
         queue.sort(key=lambda p: p.order)
         decisions = schedule(
-            [(p.uid, p.demand) for p in queue], list(self.nodes.values()), self.usage
+            [(p.uid, p.demand) for p in queue],
+            list(self.nodes.values()),
+            self.usage,
+            groups={p.uid: p.group for p in queue if p.group is not None},
+            bound=self.group_placed,
         )
         for decision in decisions:
             pending = self.pending[decision.key]
             if decision.node is not None:
                 pending.in_flight = True
-                self._book(pending.uid, _Placement(decision.node, dict(pending.demand.requests)))
+                group = pending.group.key if pending.group else ""
+                placement = _Placement(decision.node, dict(pending.demand.requests), group=group)
+                self._book(pending.uid, placement)
                 self._pool.submit(self._bind, pending, decision.node)
-            elif decision.message != pending.message:
+            elif decision.message and decision.message != pending.message:
                 # One write per pod at a time, as kube-scheduler handles one pod at a time: a
                 # Binding sent while this status write waits would be overwritten by it, and
                 # the bound pod would read Unschedulable for good.
