@@ -16,7 +16,8 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/pd-operator \
  && /opt/pd-operator/bin/pip install --constraint requirements/constraints.txt /wheels/pd_operator-*.whl \
  && rm /opt/pd-operator/bin/pdctl \
- && /opt/pd-operator/bin/python -m pd_operator --help > /dev/null
+ && /opt/pd-operator/bin/python -m pd_operator --help > /dev/null \
+ && /opt/pd-operator/bin/python -m pd_operator.activator --help > /dev/null
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="pd-operator" \

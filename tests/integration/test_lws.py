@@ -1,6 +1,7 @@
 """The real LeaderWorkerSet controller (sigs.k8s.io/lws, built by `make testenv`) against the
 local control plane: what a user of a multi-node pool sees it create."""
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,11 +14,16 @@ from kubetools import RunningOperator, create_pdd, get_pdd, patch_pdd, wait_for
 from pd_operator.api import parse_pddeployment
 from pd_operator.core.children import build_service, desired_children
 from pd_tools.localcluster import LocalCluster
+from pd_tools.simcluster.nodes import LABEL_VIRTUAL_CLUSTER
+from pd_tools.simcluster.profile import parse_profile
+from pd_tools.simcluster.scheduler import SCHEDULER_NAME
+from pd_tools.simcluster.virtual import VirtualCluster
 from pdcases import minimal
 
 GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 @pytest.fixture(scope="module")
@@ -231,3 +237,79 @@ def test_the_operator_runs_a_two_node_decode_pool_as_groups_and_grows_it_by_whol
         assert (owner["kind"], owner["name"]) == ("PDDeployment", "minimal")
     finally:
         running.stop()
+
+
+def unschedulable(pod: client.V1Pod) -> bool:
+    return any(
+        c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+        for c in pod.status.conditions or []
+    )
+
+
+def test_the_mock_scheduler_binds_a_group_whole_or_leaves_all_of_it_pending(
+    lws_api: client.ApiClient, lws_namespace: str
+) -> None:
+    # Three 8-card H200 nodes; a group is two pods of 8 cards: one group fits, a second not.
+    profile = parse_profile(
+        {
+            "name": "three",
+            "nodeGroups": [
+                {
+                    "name": "h200",
+                    "count": 3,
+                    "cpu": "32",
+                    "memory": "256Gi",
+                    "accelerators": [
+                        {"resourceName": "nvidia.com/gpu", "perNode": 8, "profile": "h200"}
+                    ],
+                }
+            ],
+        }
+    )
+    virtual = VirtualCluster(
+        lws_api, profile, time_scale=0.01, name_prefix=f"{lws_namespace}-", namespace=lws_namespace
+    )
+    virtual.start()
+    custom = client.CustomObjectsApi(lws_api)
+    try:
+        body = leader_worker_set("engine", size=2, replicas=1)
+        for template in ("leaderTemplate", "workerTemplate"):
+            spec = body["spec"]["leaderWorkerTemplate"][template]["spec"]
+            spec["schedulerName"] = SCHEDULER_NAME
+            spec["nodeSelector"] = {LABEL_VIRTUAL_CLUSTER: virtual.name}
+            spec["containers"][0]["resources"] = {
+                "requests": {"nvidia.com/gpu": "8"},
+                "limits": {"nvidia.com/gpu": "8"},
+            }
+        custom.create_namespaced_custom_object(GROUP, VERSION, lws_namespace, PLURAL, body)
+
+        def group(index: str) -> list[client.V1Pod]:
+            pods = pods_of(lws_api, lws_namespace, "engine").values()
+            return [pod for pod in pods if labels(pod).get(GROUP_INDEX_LABEL) == index]
+
+        first = wait_for(
+            lambda: len(g := group("0")) == 2 and all(p.spec.node_name for p in g) and g,
+            what="the first group of two pods bound",
+        )
+        assert len({pod.spec.node_name for pod in first}) == 2  # 8 cards each: a node each
+
+        custom.patch_namespaced_custom_object(
+            GROUP, VERSION, lws_namespace, PLURAL, "engine", {"spec": {"replicas": 2}}
+        )
+        second = wait_for(
+            lambda: len(g := group("1")) == 2 and all(unschedulable(p) for p in g) and g,
+            what="both pods of the second group marked Unschedulable",
+        )
+        assert [pod.spec.node_name for pod in second] == [None, None]
+        message = next(c.message for c in second[0].status.conditions if c.type == "PodScheduled")
+        assert "The 2 pods of group" in message and "none is bound" in message
+        # The third node is free, yet no pod of the group takes it: a pass later, still none.
+        time.sleep(2)
+        assert [pod.spec.node_name for pod in group("1")] == [None, None]
+        assert all(pod.spec.node_name for pod in group("0"))
+    finally:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, lws_namespace, PLURAL, "engine")
+        client.CoreV1Api(lws_api).delete_collection_namespaced_pod(
+            lws_namespace, grace_period_seconds=0
+        )
+        virtual.stop()

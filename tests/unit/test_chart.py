@@ -292,6 +292,7 @@ def test_default_install_runs_one_restricted_operator_pod():
         "--health-port=8080",
         "--workers=4",
         "--resync-seconds=300",
+        f"--activator-image={main['image']}",  # the router pods' activator: this very image
         "--leader-election",
     ]
     service = one(objects, "Service", f"{FULLNAME}-metrics")
@@ -317,6 +318,7 @@ def test_values_become_the_operators_command_line():
         "--health-port=9001",
         "--workers=2",
         "--resync-seconds=60",
+        f"--activator-image={main['image']}",
         "--namespace=team-a",
         "--namespace=team-b",
         "--leader-election",
@@ -333,6 +335,7 @@ def test_values_become_the_operators_command_line():
         parsed["no_autoscale"],
         parsed["ignore_other_pods"],
     ) == (("team-a", "team-b"), 2, True, True)
+    assert parsed["activator_image"] == main["image"]
     assert {p["containerPort"] for p in main["ports"]} == {9000, 9001}
 
 

@@ -31,7 +31,11 @@ from pd_operator.core.children import (
     desired_children,
 )
 from pd_operator.core.engine_args import METRICS_PATH
-from pd_operator.core.router import METRICS_PORT, build_router_deployment
+from pd_operator.core.router import (
+    ACTIVATOR_METRICS_PORT,
+    METRICS_PORT,
+    build_router_deployment,
+)
 from pd_tools.localcluster.processes import MissingBinaryError, find_binary
 from pdcases import ROOT, load_sample
 
@@ -100,11 +104,14 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def pod_monitor_relabel_configs(monitor: dict[str, Any]) -> list[dict[str, Any]]:
-    """The relabel_configs the Prometheus Operator generates for a PodMonitor's one endpoint
-    (its promcfg.go): keep the selected pods and the named port, drop finished pods, set its
-    own target labels, then the endpoint's relabelings."""
-    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+def pod_monitor_relabel_configs(
+    monitor: dict[str, Any], endpoint: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The relabel_configs the Prometheus Operator generates for one endpoint of a PodMonitor
+    (its promcfg.go; by default its only one): keep the selected pods and the named port, drop
+    finished pods, set its own target labels, then the endpoint's relabelings."""
+    if endpoint is None:
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     configs: list[dict[str, Any]] = [
         {
             "source_labels": [
@@ -323,21 +330,30 @@ def test_docs_show_the_scrape_job_as_it_is_in_the_file():
 
 
 def router_and_engine_pods() -> tuple[list[Target], dict[str, dict[str, str]]]:
-    """Discovered targets of the sample's router pod and its engine pods; the labels that each
-    kept target (the router's metrics port only) must end up with."""
+    """Discovered targets of the sample's router pod, of its router pod with scale to zero
+    (router and activator), and of its engine pods; the labels that each kept target (the
+    router's metrics port, the activator's) must end up with."""
     document = load_sample(SAMPLE)
     document["metadata"].update(namespace=NAMESPACE, uid="0b6f-uid")
-    pdd = parse_pddeployment(document)
-    router = build_router_deployment(pdd)["spec"]["template"]
-    targets = pod_targets(json.loads(json.dumps(router)), "glm-hetero-router-abc12", "10.0.3.1")
-    targets += engine_pods()[0]
-    expected = {
-        f"10.0.3.1:{METRICS_PORT}": {
-            "namespace": NAMESPACE,
-            "deployment": router["metadata"]["labels"][LABEL_DEPLOYMENT],
-            "role": "router",
-        }
-    }
+    idle = json.loads(json.dumps(document))
+    idle["spec"]["scaling"]["idleSeconds"] = 300
+    for role in ("prefill", "decode"):
+        for pool in idle["spec"][role]["pools"]:
+            pool["replicas"] = {**pool.get("replicas", {}), "min": 0}
+    targets, expected = engine_pods()[0], {}
+    for ip, doc, ports in (
+        ("10.0.3.1", document, (METRICS_PORT,)),
+        ("10.0.3.2", idle, (METRICS_PORT, ACTIVATOR_METRICS_PORT)),
+    ):
+        router = build_router_deployment(parse_pddeployment(doc))["spec"]["template"]
+        targets += pod_targets(json.loads(json.dumps(router)), f"glm-hetero-router-{ip}", ip)
+        for port in ports:
+            expected[f"{ip}:{port}"] = {
+                "namespace": NAMESPACE,
+                "deployment": router["metadata"]["labels"][LABEL_DEPLOYMENT],
+                "role": "router",
+                "pod": f"glm-hetero-router-{ip}",
+            }
     return targets, expected
 
 
@@ -345,17 +361,25 @@ def router_and_engine_pods() -> tuple[list[Target], dict[str, dict[str, str]]]:
 def test_router_metrics_are_scraped_on_their_own_port_with_the_objects_labels(
     promtool, tmp_path, router_monitor, source
 ):
-    relabel_configs = (
-        scrape_job(ROUTER_SCRAPE)["relabel_configs"]
+    jobs = (
+        [scrape_job(ROUTER_SCRAPE)["relabel_configs"]]
         if source == "scrape job"
-        else pod_monitor_relabel_configs(router_monitor)
+        else [
+            pod_monitor_relabel_configs(router_monitor, endpoint)
+            for endpoint in router_monitor["spec"]["podMetricsEndpoints"]
+        ]
     )
     targets, expected = router_and_engine_pods()
-    kept = discover(promtool, tmp_path, relabel_configs, targets)
-    # The router's metrics port, not its API port, and no engine.
+    kept: dict[str, dict[str, str]] = {}
+    for relabel_configs in jobs:
+        found = discover(promtool, tmp_path, relabel_configs, targets)
+        assert not set(found) & set(kept), "two endpoints scrape the same port"
+        kept |= found
+    # The router's and the activator's metrics ports, not their API ports, and no engine.
     assert set(kept) == set(expected)
     for address, labels in kept.items():
-        assert {k: labels.get(k) for k in ("namespace", "deployment", "role")} == expected[address]
+        wanted = ("namespace", "deployment", "role", "pod")
+        assert {k: labels.get(k) for k in wanted} == expected[address]
     assert router_monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == (
         "pd-operator-router"
     )

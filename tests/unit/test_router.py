@@ -6,17 +6,23 @@ import pytest
 from sglang_router.launch_router import parse_router_args as parse_sglang_router_args
 from vllm_router.launch_router import parse_router_args
 
+from pd_operator import __version__
+from pd_operator.activator.__main__ import parse as parse_activator_args
 from pd_operator.api import InvalidSpecError, parse_pddeployment
 from pd_operator.core.children import desired_children
 from pd_operator.core.reconcile import plan_children
 from pd_operator.core.router import (
+    ACTIVATOR_METRICS_PORT_NAME,
+    DEFAULT_ACTIVATOR_IMAGE,
     DEFAULT_IMAGES,
+    INTERNAL_PORT,
+    build_endpoint_service,
     endpoint_url,
     router_children,
     router_command,
 )
 from pd_operator.core.status import compute_status
-from pdcases import minimal, mutate
+from pdcases import IDLE, ROOT, minimal, mutate
 from schema_tools import apply_defaults, crd_schema
 
 
@@ -269,3 +275,70 @@ def test_the_installed_sglang_router_accepts_the_command_line_the_operator_build
         "pdoperator.io/role": "decode",
     }
     assert (parsed.service_discovery_port, parsed.port) == (30000, 8000)
+
+
+def router_pod(document, **kwargs):
+    (deployment,) = [
+        c for c in router_children(pdd(document), **kwargs) if c["kind"] == "Deployment"
+    ]
+    return deployment["spec"]["template"]["spec"]
+
+
+def test_without_idle_seconds_the_router_pod_runs_the_router_alone_on_the_public_port():
+    (container,) = router_pod(minimal())["containers"]
+    assert container["name"] == "router"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "http": 8000,
+        "metrics": 29000,
+    }
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert flag_values(container["command"], "--port") == ["8000"]
+
+
+def test_with_idle_seconds_the_activator_takes_the_public_port_and_the_router_moves_inside():
+    router, activator = router_pod(IDLE, activator_image="registry.example/pd-operator:9")[
+        "containers"
+    ]
+    assert activator["name"] == "activator"
+    assert activator["image"] == "registry.example/pd-operator:9"
+    assert activator["command"][:3] == ["python", "-m", "pd_operator.activator"]
+    assert {p["name"]: p["containerPort"] for p in activator["ports"]} == {
+        "http": 8000,
+        ACTIVATOR_METRICS_PORT_NAME: 29001,
+    }
+    # The activator answers /health itself: the pod stays Ready with no workers.
+    assert activator["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # It reaches the router on the pod's own address, which the downward API gives.
+    assert flag_values(activator["command"], "--upstream") == [f"http://$(POD_IP):{INTERNAL_PORT}"]
+    assert activator["env"] == [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    ]
+    ports = {p["name"]: p["containerPort"] for p in router["ports"]}
+    assert ports == {"router-http": INTERNAL_PORT, "metrics": 29000}
+    assert flag_values(router["command"], "--port") == [str(INTERNAL_PORT)]
+    # vllm-router's /readiness fails with no workers, the normal state at zero.
+    assert router["readinessProbe"]["httpGet"] == {"path": "/health", "port": "router-http"}
+    assert router["livenessProbe"]["httpGet"] == {"path": "/liveness", "port": "router-http"}
+    # The endpoint still targets the port named http: now the activator's.
+    service = build_endpoint_service(pdd(IDLE))
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    # Port names are IANA service names: at most 15 characters.
+    assert all(len(p["name"]) <= 15 for c in (router, activator) for p in c["ports"])
+
+
+def test_the_activator_image_defaults_to_the_operator_image_the_chart_installs():
+    chart = (ROOT / "charts" / "pd-operator" / "values.yaml").read_text()
+    assert "repository: pd-operator" in chart
+    (_, activator) = router_pod(IDLE)["containers"]
+    assert activator["image"] == DEFAULT_ACTIVATOR_IMAGE == f"pd-operator:{__version__}"
+
+
+def test_the_installed_vllm_router_accepts_the_internal_port():
+    argv = router_command(pdd(IDLE))
+    assert parse_router_args(argv[1:]).port == INTERNAL_PORT
+
+
+def test_the_activators_own_parser_accepts_the_command_line_the_operator_builds():
+    (_, activator) = router_pod(IDLE)["containers"]
+    args = parse_activator_args(activator["command"][3:])
+    assert (args.port, args.metrics_port, args.hold_seconds) == (8000, 29001, 300.0)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from pd_operator.cli.arguments import COUNT, PORT, POSITIVE, UsageError, about
+from pd_operator.core.router import DEFAULT_ACTIVATOR_IMAGE
 
 # Where a pod finds its own namespace (the service account token's projected volume).
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -85,6 +86,13 @@ def _peering_removed(_: click.Context, __: click.Parameter, value: str | None) -
     help="watch pool pods only; free capacity then ignores other workloads on the nodes "
     "(for clusters whose accelerator nodes run nothing else)",
 )
+@click.option(
+    "--activator-image",
+    default=DEFAULT_ACTIVATOR_IMAGE,
+    show_default=True,
+    help="image of the router pods' activator (spec.scaling.idleSeconds): the operator's own; "
+    "the chart passes its image",
+)
 @click.option("-v", "--verbose", is_flag=True, help="log at DEBUG instead of INFO")
 def run(
     *,
@@ -103,6 +111,7 @@ def run(
     allow_link_local_prometheus: bool,
     no_autoscale: bool,
     ignore_other_pods: bool,
+    activator_image: str,
     verbose: bool,
 ) -> int:
     """Run the operator: reconcile PDDeployments and scale their pools from SLO metrics."""
@@ -128,6 +137,7 @@ def run(
         count_other_pods=not ignore_other_pods,
         lease_namespace=lease_namespace(leader_election, leader_election_namespace),
         lease_name=leader_election_id,
+        activator_image=activator_image,
     )
     with about("--kubeconfig"):  # before anything listens: a bad config leaves nothing behind
         api = load_api_client(kubeconfig)

@@ -31,7 +31,7 @@ from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.placement import allocatable, node_admits
 from pd_operator.core.quantity import same_quantity
-from pd_operator.core.router import router_children
+from pd_operator.core.router import DEFAULT_ACTIVATOR_IMAGE, router_children
 
 ANNOTATION_SPEC_HASH = "pdoperator.io/spec-hash"
 # The operator's (or the autoscaler's) replica decision, kept on the child so that it survives
@@ -110,6 +110,40 @@ def current_replicas(
     return result
 
 
+def replica_pods(role: Role, pool: PoolSpec, pods: Sequence[PodSummary]) -> list[list[PodSummary]]:
+    """The live (not terminating) pods of a pool, one list per replica: a pod, or the leader
+    and workers of a multi-node replica's group."""
+    groups: dict[str, list[PodSummary]] = {}
+    for pod in pods:
+        if pod.pool == pool.name and (pod.group_role or pod.role) == role and not pod.terminating:
+            groups.setdefault(pod.group or pod.name, []).append(pod)
+    return list(groups.values())
+
+
+def lost_group_nodes(
+    pdd: PDDeployment, pods: Sequence[PodSummary], nodes: Sequence[NodeSummary]
+) -> list[str]:
+    """One line per multi-node replica with a pod on a node that is gone or not Ready: the
+    engine spans every node of its group, so the whole replica is lost with one of them."""
+    ready = {node.name for node in nodes if node.ready}
+    lines = []
+    for role, pool in all_pools(pdd):
+        if pool.accelerator.nodes_per_replica == 1:
+            continue
+        for group in replica_pods(role, pool, pods):
+            lost = sorted(
+                (p.node_name, p.name) for p in group if p.node_name and p.node_name not in ready
+            )
+            if lost:
+                leader = min((p.name for p in group if p.role), default=lost[0][1])
+                on = ", ".join(f"{node} ({pod})" for node, pod in lost)
+                lines.append(
+                    f"{role} pool {pool.name}: the group of {leader} lost node(s) {on}: "
+                    "the replica serves nothing until its group is recreated"
+                )
+    return lines
+
+
 def pool_observations(
     pdd: PDDeployment,
     children: Mapping[ChildKey, Mapping[str, Any]],
@@ -126,14 +160,16 @@ def pool_observations(
     for role, pool in all_pools(pdd):
         workload = children.get(workload_key(pdd.metadata.name, role, pool)) or {}
         status = workload.get("status") or {}
-        pool_pods = [p for p in pods if p.role == role and p.pool == pool.name]
-        live = [p for p in pool_pods if not p.terminating]
+        groups = replica_pods(role, pool, pods)
         count = replicas[(role, pool.name)]
-        bound = min(count, sum(bool(p.node_name) for p in live))  # extra ones are going away
+        size = pool.accelerator.nodes_per_replica
+        # A group is bound once all its pods are; extra ones are going away.
+        placed = sum(sum(bool(p.node_name) for p in group) >= size for group in groups)
+        bound = min(count, placed)
         observed[(role, pool.name)] = PoolObservation(
             replicas=count,
             ready=status.get("readyReplicas", 0),
-            unschedulable=sum(p.unschedulable for p in live),
+            unschedulable=sum(any(p.unschedulable for p in group) for group in groups),
             scheduled=bound if count_bound else None,
         )
     return observed
@@ -169,7 +205,8 @@ def is_subset(desired: Any, actual: Any) -> bool:
 
 
 def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
-    """Why no node can ever hold one replica of the pool, or None when one can (or we can't tell).
+    """Why the nodes can never hold one replica of the pool, or None when they can (or we can't
+    tell). A replica of a multi-node pool needs `nodesPerReplica` pods' worth of nodes at once.
 
     Only judged when some node advertises the pool's resource at all: in clusters whose
     accelerator nodes come and go (cluster autoscaler), an empty view proves nothing.
@@ -192,14 +229,23 @@ def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
         for name, count in pool.accelerator.devices.items()
         if any(allocatable(node, name) > 0 for node in nodes)
     }
-    if any(
-        allocatable(node, resource) >= needed
-        and all(allocatable(node, name) >= count for name, count in devices.items())
+    wants = {resource: needed, **devices}
+    # Pods of one group share a node only where it has room for each of them.
+    slots = sum(
+        min(int(allocatable(node, name) // count) for name, count in wants.items() if count > 0)
         for node in admitting
-    ):
+    )
+    size = pool.accelerator.nodes_per_replica
+    if slots >= size:
         return None
-    wanted = ", ".join(f"{count} {name}" for name, count in devices.items())
-    return f"{where} offers {needed} {resource} and {wanted} per replica"
+    if slots == 0:
+        wanted = ", ".join(f"{count} {name}" for name, count in devices.items())
+        return f"{where} offers {needed} {resource} and {wanted} per replica"
+    offer = " and ".join(f"{count} {name}" for name, count in wants.items())
+    return (
+        f"a replica needs {size} nodes x {offer}: the nodes matching nodeSelector "
+        f"{{{selector}}} (and tolerating its taints) have room for {slots} such pod(s) in all"
+    )
 
 
 def _last_scale(
@@ -276,8 +322,10 @@ def plan_children(
     children: Mapping[ChildKey, Mapping[str, Any]],
     nodes: Sequence[NodeSummary],
     decisions: Mapping[PoolKey, int] | None = None,
+    activator_image: str = DEFAULT_ACTIVATOR_IMAGE,
 ) -> ChildPlan:
-    """The applies and deletes that make the children match the spec; nothing when converged."""
+    """The applies and deletes that make the children match the spec; nothing when converged.
+    `activator_image` is the operator's own image (the router pod's activator)."""
     plan = ChildPlan(replicas=current_replicas(pdd, children, decisions))
     blocked: set[str] = set()
     for role, pool in all_pools(pdd):
@@ -289,7 +337,11 @@ def plan_children(
     wanted_manifests: dict[ChildKey, Manifest] = {}
     external = pdd.spec.scaling.mode == "External"
     pdpools = [build_pdpool(pdd, role) for role in ROLES] if external else []
-    for built in [*desired_children(pdd, plan.replicas), *router_children(pdd), *pdpools]:
+    for built in [
+        *desired_children(pdd, plan.replicas),
+        *router_children(pdd, activator_image),
+        *pdpools,
+    ]:
         key = child_key(built)
         wanted.add(key)
         wanted_manifests[key] = built

@@ -11,10 +11,15 @@ the operator holds itself, so the grant is never an escalation).
 Children: a Deployment, a ServiceAccount, a Role and RoleBinding `{pdd}-router`, a
 PodDisruptionBudget of the same name, a HorizontalPodAutoscaler on CPU when replicas.min <
 replicas.max, and the endpoint: a Service named after the PDDeployment.
+
+With `spec.scaling.idleSeconds` (scale to zero) the router pod also runs the activator
+(`pd_operator.activator`, from the operator's image): it takes the public port and holds
+requests while the router has no workers; the router moves to an internal port.
 """
 
 from typing import Any
 
+from pd_operator import __version__
 from pd_operator.api.document import PDDeployment
 from pd_operator.api.spec import Engine, PodTemplateOverrides, Role, RoutingPolicy
 from pd_operator.core.children import (
@@ -38,6 +43,19 @@ PORT = 8000
 METRICS_PORT = 29000
 PORT_NAME = "http"
 METRICS_PORT_NAME = "metrics"
+# With the activator in front: the router's own API port, reached through the pod's address.
+INTERNAL_PORT = 8001
+INTERNAL_PORT_NAME = "router-http"
+ACTIVATOR_CONTAINER_NAME = "activator"
+ACTIVATOR_METRICS_PORT = 29001
+ACTIVATOR_METRICS_PORT_NAME = "act-metrics"  # a port name has at most 15 characters
+# The operator's image as the chart installs it by default (repository `pd-operator`, tag the
+# chart's appVersion, which is this package's version); the operator passes its own otherwise.
+DEFAULT_ACTIVATOR_IMAGE = f"pd-operator:{__version__}"
+ACTIVATOR_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
 # Pinned: the PD protocol between router and engines changes between versions.
 VLLM_ROUTER_VERSION = "0.1.17"
 SGLANG_ROUTER_VERSION = "0.3.2"
@@ -89,6 +107,11 @@ def _selector_args(flag: str, pdd_name: str, role: Role) -> list[str]:
     return [flag, *pairs]
 
 
+def has_activator(pdd: PDDeployment) -> bool:
+    """Scale to zero: the router pod runs the activator in front of the router."""
+    return pdd.spec.scaling.idle_seconds is not None
+
+
 def router_command(pdd: PDDeployment) -> list[str]:
     """The router container's command line: PD mode, pods found by this PDDeployment's labels in
     its namespace only, the spec's policies, metrics on their own port; `router.args` last."""
@@ -99,7 +122,8 @@ def router_command(pdd: PDDeployment) -> list[str]:
         argv = ["vllm-router", "--vllm-pd-disaggregation"]
     else:
         argv = ["python3", "-m", "sglang_router.launch_router", "--pd-disaggregation"]
-    argv += ["--host", "0.0.0.0", "--port", str(PORT)]
+    port = INTERNAL_PORT if has_activator(pdd) else PORT
+    argv += ["--host", "0.0.0.0", "--port", str(port)]
     argv += ["--service-discovery", "--service-discovery-namespace", pdd.metadata.namespace or ""]
     argv += ["--service-discovery-port", str(engine_port(engine))]
     argv += _selector_args("--prefill-selector", name, "prefill")
@@ -137,30 +161,74 @@ def _selector(pdd_name: str) -> dict[str, Any]:
     return {"matchLabels": {LABEL_DEPLOYMENT: pdd_name, LABEL_ROLE: ROUTER_ROLE}}
 
 
-def _probe(path: str, failure_threshold: int) -> dict[str, Any]:
+def _probe(path: str, failure_threshold: int, port: str = PORT_NAME) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": PORT_NAME},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": 5,
         "timeoutSeconds": 3,
         "failureThreshold": failure_threshold,
     }
 
 
-def build_router_deployment(pdd: PDDeployment) -> Manifest:
+def activator_container(image: str) -> dict[str, Any]:
+    """The activator: the public port, the router behind it on the pod's own address."""
+    return {
+        "name": ACTIVATOR_CONTAINER_NAME,
+        "image": image,
+        "command": [
+            "python",
+            "-m",
+            "pd_operator.activator",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(PORT),
+            "--upstream",
+            f"http://$(POD_IP):{INTERNAL_PORT}",
+            "--metrics-port",
+            str(ACTIVATOR_METRICS_PORT),
+        ],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [
+            {"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"},
+            {
+                "name": ACTIVATOR_METRICS_PORT_NAME,
+                "containerPort": ACTIVATOR_METRICS_PORT,
+                "protocol": "TCP",
+            },
+        ],
+        "resources": {kind: dict(amounts) for kind, amounts in ACTIVATOR_RESOURCES.items()},
+        # Its own /health: the pod stays Ready at zero workers, so requests reach it.
+        "readinessProbe": _probe("/health", 3),
+        "livenessProbe": _probe("/health", 6),
+        "securityContext": container_security_context(PodTemplateOverrides()),
+    }
+
+
+def build_router_deployment(
+    pdd: PDDeployment, activator_image: str = DEFAULT_ACTIVATOR_IMAGE
+) -> Manifest:
     """The router's Deployment; replicas left to the HPA when the bounds differ."""
     router, name = pdd.spec.router, router_name(pdd.metadata.name)
     template = router.template or PodTemplateOverrides()
+    activator = has_activator(pdd)
+    api_name, api_number = (INTERNAL_PORT_NAME, INTERNAL_PORT) if activator else (PORT_NAME, PORT)
+    api_port = {"name": api_name, "containerPort": api_number, "protocol": "TCP"}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": template.image or DEFAULT_IMAGES[pdd.spec.model.engine],
         "command": router_command(pdd),
         "ports": [
-            {"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"},
+            api_port,
             {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
         "resources": _resources(template),
-        "readinessProbe": _probe("/readiness", 3),
-        "livenessProbe": _probe("/liveness", 6),
+        # Behind the activator, ready once it listens: /readiness fails with no workers, and
+        # at zero that is the normal state.
+        "readinessProbe": (
+            _probe("/health", 3, INTERNAL_PORT_NAME) if activator else _probe("/readiness", 3)
+        ),
+        "livenessProbe": _probe("/liveness", 6, api_name),
         # The pools' defaults. Not runAsNonRoot: the pinned images declare no user (vllm-router's
         # Dockerfile has no USER), and a uid of ours is not checked against what they write.
         "securityContext": container_security_context(template),
@@ -176,6 +244,8 @@ def build_router_deployment(pdd: PDDeployment) -> Manifest:
         "enableServiceLinks": False,
         "containers": [container],
     }
+    if activator:
+        pod["containers"].append(activator_container(activator_image))
     if template.volumes:
         pod["volumes"] = merge_by("name", [], template.volumes)
     spec: dict[str, Any] = {
@@ -301,8 +371,11 @@ def build_router_autoscaler(pdd: PDDeployment) -> Manifest:
     }
 
 
-def router_children(pdd: PDDeployment) -> list[Manifest]:
-    """Every router object, or none when `router.enabled` is false."""
+def router_children(
+    pdd: PDDeployment, activator_image: str = DEFAULT_ACTIVATOR_IMAGE
+) -> list[Manifest]:
+    """Every router object, or none when `router.enabled` is false; `activator_image` is the
+    operator's own image (scale to zero)."""
     router = pdd.spec.router
     if not router.enabled:
         return []
@@ -310,7 +383,7 @@ def router_children(pdd: PDDeployment) -> list[Manifest]:
         build_router_service_account(pdd),
         build_router_role(pdd),
         build_router_role_binding(pdd),
-        build_router_deployment(pdd),
+        build_router_deployment(pdd, activator_image),
         build_endpoint_service(pdd),
         build_router_disruption_budget(pdd),
     ]

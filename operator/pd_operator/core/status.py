@@ -14,7 +14,7 @@ from pd_operator.core.children import LWS_KIND, ROLES, PoolKey, workload_key
 from pd_operator.core.naming import router_name
 from pd_operator.core.observe import PodSummary
 from pd_operator.core.profiles import unknown_profiles
-from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools
+from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools, replica_pods
 from pd_operator.core.router import endpoint_url
 
 # Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
@@ -185,10 +185,10 @@ def compute_status(
         deployment = children.get(key)
         observed = (deployment or {}).get("status") or {}
         desired = replicas[(role, pool.name)]
-        pool_pods = [
-            p for p in pods if p.role == role and p.pool == pool.name and not p.terminating
-        ]
-        unschedulable = sum(p.unschedulable for p in pool_pods)
+        # One list per replica: a multi-node replica's workers count, the group once.
+        groups = replica_pods(role, pool, pods)
+        pool_pods = [p for group in groups for p in group]
+        unschedulable = sum(any(p.unschedulable for p in group) for group in groups)
         problems += _pool_problems(f"{role} pool {pool.name}", pool_pods, observed)
         ready = observed.get("readyReplicas", 0)
         pools.append(

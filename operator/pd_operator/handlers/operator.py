@@ -40,6 +40,7 @@ from pd_operator.adapters.kube import (
 from pd_operator.adapters.lease import LeaderLease, LeaseTiming
 from pd_operator.api import GROUP, PLURAL, VERSION
 from pd_operator.core.children import MANAGED_BY
+from pd_operator.core.router import DEFAULT_ACTIVATOR_IMAGE
 from pd_operator.handlers.autoscaler import Autoscaler
 from pd_operator.handlers.reconciler import DecisionSource, Reconciler
 from pd_operator.handlers.workqueue import WorkQueue
@@ -81,6 +82,8 @@ class OperatorConfig:
     lease_namespace: str | None = None
     lease_name: str = "pd-operator"
     lease_timing: LeaseTiming = field(default_factory=LeaseTiming)
+    # The router pods' activator runs the operator's own image (spec.scaling.idleSeconds).
+    activator_image: str = DEFAULT_ACTIVATOR_IMAGE
 
 
 class OperatorState:
@@ -117,6 +120,7 @@ class OperatorState:
             decisions=decisions or self.autoscaler.decisions_for,
             scaling=self.autoscaler.view_for,
             pod_work=self.autoscaler.source.pod_work,
+            activator_image=config.activator_image,
         )
         self.tasks: list[asyncio.Task[None]] = []
         self._failures: dict[ObjectKey, int] = {}

@@ -43,6 +43,7 @@ from pd_operator.core.removal import (
     pool_pods_of,
     shrinking_pools,
 )
+from pd_operator.core.router import DEFAULT_ACTIVATOR_IMAGE
 from pd_operator.core.status import ScalingView, compute_status, invalid_spec_status
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ class Reconciler:
         decisions: DecisionSource | None = None,
         scaling: ScalingSource | None = None,
         pod_work: PodWorkSource | None = None,
+        activator_image: str = DEFAULT_ACTIVATOR_IMAGE,
         clock: Callable[[], str] = utc_now,
     ) -> None:
         self.cache = cache
@@ -149,6 +151,7 @@ class Reconciler:
         self.decisions = decisions
         self.scaling = scaling
         self.pod_work = pod_work  # None: a shrinking pool loses the ReplicaSet's default choice
+        self.activator_image = activator_image
         self.clock = clock
 
     def reconcile(self, key: ObjectKey) -> None:
@@ -199,7 +202,9 @@ class Reconciler:
                 free_capacity(snapshot.nodes, self.cache.all_pods()),
             )
             decisions = external.replicas
-        plan = plan_children(pdd, snapshot.children, snapshot.nodes, decisions)
+        plan = plan_children(
+            pdd, snapshot.children, snapshot.nodes, decisions, activator_image=self.activator_image
+        )
         self._choose_removed(key, pdd, shrinking_pools(plan.apply, snapshot.children), snapshot)
         problems = list(plan.problems)
         children = dict(snapshot.children)

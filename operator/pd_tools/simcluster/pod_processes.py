@@ -1,8 +1,9 @@
 """Real processes for the pods that must really serve: engines and routers on virtual nodes.
 
-The virtual kubelet runs nothing by default. With a `PodProcesses`, a pod whose container runs a
-command it knows (`vllm serve ...`: the engine simulator over HTTP; `vllm-router ...`: the real
-router binary from its wheel) becomes a real process, listening on the pod's own loopback address
+The virtual kubelet runs nothing by default. With a `PodProcesses`, a pod whose containers all
+run a command it knows (`vllm serve ...`: the engine simulator over HTTP; `vllm-router ...`: the
+real router binary from its wheel; `python -m pd_operator.activator ...`: the activator in front
+of it) becomes real processes, one per container, listening on the pod's own loopback address
 (127.0.0.0/8 holds millions, and nothing outside loopback is ever dialed), so that real clients
 and the real router reach it exactly as they would reach a pod in a cluster.
 
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +38,7 @@ from typing import Any
 import yaml
 
 from pd_operator.adapters.kube import call_json
+from pd_operator.core.router import ACTIVATOR_METRICS_PORT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +90,35 @@ DEFAULT_COMMANDS: dict[tuple[str, ...], Runner] = {
     ("python3", "-m", "sglang.launch_server"): engine_simulator_command,
     ("vllm-router",): vllm_router_command,
     ("python3", "-m", "sglang_router.launch_router"): python_module_command,
+    ("python", "-m", "pd_operator.activator"): python_module_command,
 }
 
 
 @dataclass
-class PodProcess:
+class ContainerProcess:
     """One running container process of a pod."""
 
-    uid: str
-    ip: str
+    name: str
     popen: subprocess.Popen[bytes]
     probe_url: str | None
 
+
+@dataclass
+class PodProcess:
+    """The running container processes of a pod."""
+
+    uid: str
+    ip: str
+    containers: list[ContainerProcess]
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        """The first container's process (the engine or the router)."""
+        return self.containers[0].popen
+
     def alive(self) -> bool:
-        """The process has not exited."""
-        return self.popen.poll() is None
+        """No process has exited."""
+        return all(c.popen.poll() is None for c in self.containers)
 
 
 def expand(value: str, env: Mapping[str, str]) -> str:
@@ -190,16 +207,17 @@ class PodProcesses:
             None,
         )
 
-    def _container(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        containers = (pod.get("spec") or {}).get("containers") or []
-        if len(containers) != 1:
-            return None
-        command = [*(containers[0].get("command") or []), *(containers[0].get("args") or [])]
-        return containers[0] if self._runner(command) is not None else None
+    def _containers(self, pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        containers: list[Mapping[str, Any]] = (pod.get("spec") or {}).get("containers") or []
+        for container in containers:
+            command = [*(container.get("command") or []), *(container.get("args") or [])]
+            if self._runner(command) is None:
+                return []
+        return containers
 
     def handles(self, pod: Mapping[str, Any]) -> bool:
-        """The pod runs one container whose command this host knows how to run."""
-        return self._container(pod) is not None
+        """Every container of the pod runs a command this host knows how to run."""
+        return bool(self._containers(pod))
 
     def address(self) -> str:
         """A fresh loopback address for a pod."""
@@ -241,25 +259,45 @@ class PodProcesses:
     def start(
         self, pod: Mapping[str, Any], ip: str, env: Mapping[str, str], restart: int = 0
     ) -> PodProcess:
-        """Start the pod's container process on `ip`, with `env` on top of the container's."""
-        container = self._container(pod)
-        if container is None:
+        """Start the pod's container processes on `ip`, with `env` on top of each container's."""
+        containers = self._containers(pod)
+        if not containers:
             raise ValueError(f"pod {pod['metadata']['name']} runs no command this host knows")
         uid = pod["metadata"]["uid"]
         self.stop(uid)
         folder = self.workdir / f"{pod['metadata']['namespace']}_{pod['metadata']['name']}"
         folder.mkdir(parents=True, exist_ok=True)
+        kubeconfig = self._kubeconfig(pod, folder)
+        started = [
+            self._start_container(
+                pod, container, ip, env=env, kubeconfig=kubeconfig, log_path=folder / log
+            )
+            for container, log in zip(containers, _log_names(containers, restart), strict=True)
+        ]
+        process = PodProcess(uid, ip, started)
+        with self._lock:
+            self.running[uid] = process
+        return process
+
+    def _start_container(
+        self,
+        pod: Mapping[str, Any],
+        container: Mapping[str, Any],
+        ip: str,
+        *,
+        env: Mapping[str, str],
+        kubeconfig: Path | None,
+        log_path: Path,
+    ) -> ContainerProcess:
         variables = {**container_env(pod, container, ip), **env}
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
         argv = [expand(word, variables) for word in argv]
         runner = self._runner(argv)
         assert runner is not None  # _container checked it
         argv = bind_to_pod(runner(argv), ip, engine=runner is engine_simulator_command)
-        kubeconfig = self._kubeconfig(pod, folder)
         process_env = {**os.environ, **variables}
         if kubeconfig is not None:
             process_env["KUBECONFIG"] = str(kubeconfig)
-        log_path = folder / f"container-{restart}.log"
         with log_path.open("wb") as output:
             popen = subprocess.Popen(
                 [*DIE_WITH_PARENT, *argv],
@@ -269,25 +307,16 @@ class PodProcesses:
                 env=process_env,
                 start_new_session=True,  # a signal to the test run must not reach it directly
             )
-        process = PodProcess(uid, ip, popen, _probe_url(container, ip))
-        with self._lock:
-            self.running[uid] = process
         log.info("pod %s: started %s on %s", pod["metadata"]["name"], argv[0], ip)
-        return process
+        return ContainerProcess(container.get("name", ""), popen, _probe_url(container, ip))
 
     def ready(self, uid: str) -> bool:
-        """The readiness probe (httpGet) answers 2xx/3xx; a pod without one is ready once up."""
+        """Every container's readiness probe (httpGet) answers 2xx/3xx; a container without one
+        is ready once up."""
         process = self.running.get(uid)
         if process is None or not process.alive():
             return False
-        if process.probe_url is None:
-            return True
-        try:
-            with urllib.request.urlopen(process.probe_url, timeout=PROBE_TIMEOUT_SECONDS) as answer:
-                status: int = answer.status
-            return 200 <= status < 400
-        except (OSError, urllib.error.URLError):
-            return False
+        return all(_probe(c.probe_url) for c in process.containers)
 
     def alive(self, uid: str) -> bool:
         """The pod's process is running."""
@@ -304,8 +333,15 @@ class PodProcesses:
         if self.sd_file is None or process is None or annotations.get(SCRAPE) != "true":
             return
         labels = pod["metadata"].get("labels") or {}
+        # The activator's metrics port too, as deploy/prometheus/router-scrape.yaml keeps it.
+        ports = [annotations.get(SCRAPE_PORT, "80")] + [
+            str(port["containerPort"])
+            for container in pod["spec"].get("containers") or []
+            for port in container.get("ports") or []
+            if port.get("name") == ACTIVATOR_METRICS_PORT_NAME
+        ]
         group = {
-            "targets": [f"{process.ip}:{annotations.get(SCRAPE_PORT, '80')}"],
+            "targets": [f"{process.ip}:{port}" for port in ports],
             "labels": {
                 "__metrics_path__": annotations.get(SCRAPE_PATH, "/metrics"),
                 "namespace": pod["metadata"]["namespace"],
@@ -332,16 +368,20 @@ class PodProcesses:
             process = self.running.pop(uid, None)
             if self._targets.pop(uid, None) is not None:
                 self._write_targets()
-        if process is None or not process.alive():
+        if process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.popen.pid, signal.SIGTERM)
-        try:
-            process.popen.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
+        running = [c.popen for c in process.containers if c.popen.poll() is None]
+        for popen in running:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.popen.pid, signal.SIGKILL)
-            process.popen.wait(timeout=10)
+                os.killpg(popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_seconds
+        for popen in running:
+            try:
+                popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                popen.wait(timeout=10)
 
     def stop_all(self) -> None:
         """Stop every process (the kubelet is going away) and withdraw the targets file."""
@@ -349,6 +389,24 @@ class PodProcesses:
             self.stop(uid)
         if self.sd_file is not None:
             self.sd_file.unlink(missing_ok=True)
+
+
+def _log_names(containers: Sequence[Mapping[str, Any]], restart: int) -> list[str]:
+    """`container-N.log` for the first container (the engine or router), `NAME-N.log` after."""
+    return [f"container-{restart}.log"] + [
+        f"{c.get('name', index)}-{restart}.log" for index, c in enumerate(containers[1:], 1)
+    ]
+
+
+def _probe(url: str | None) -> bool:
+    if url is None:
+        return True
+    try:
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_SECONDS) as answer:
+            status: int = answer.status
+        return 200 <= status < 400
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def service_urls(api_client: Any, namespace: str, service: str, port_name: str) -> list[str]:
