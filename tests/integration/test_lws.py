@@ -313,3 +313,61 @@ def test_the_mock_scheduler_binds_a_group_whole_or_leaves_all_of_it_pending(
             lws_namespace, grace_period_seconds=0
         )
         virtual.stop()
+
+
+def test_a_node_lost_from_a_running_group_is_reported_by_the_operator(
+    lws_cluster: LocalCluster, lws_api: client.ApiClient, lws_namespace: str
+) -> None:
+    # One S5000 node for prefill; three H200 nodes, a decode replica spans two of them.
+    node_group = {"cpu": "32", "memory": "256Gi"}
+    profile = parse_profile({
+        "name": "lost",
+        "nodeGroups": [
+            {"name": "s5000", "count": 1, **node_group, "accelerators": [
+                {"resourceName": "mthreads.com/gpu", "perNode": 8, "profile": "mtt-s5000"}]},
+            {"name": "h200", "count": 3, **node_group, "accelerators": [
+                {"resourceName": "nvidia.com/gpu", "perNode": 8, "profile": "h200"}]},
+        ],
+    })  # fmt: skip
+    virtual = VirtualCluster(
+        lws_api, profile, time_scale=0.01, name_prefix=f"{lws_namespace}-", namespace=lws_namespace
+    )
+    virtual.start()
+    running = RunningOperator(
+        str(lws_cluster.kubeconfig), namespaces=[lws_namespace], workers=2, resync_seconds=1
+    ).start()
+    try:
+        document = minimal()
+        document["spec"]["scaling"] = {"mode": "Disabled"}
+        for role, cards in (("prefill", 8), ("decode", 8)):
+            pool = document["spec"][role]["pools"][0]
+            pool["accelerator"]["perReplica"] = cards
+            pool["template"] = {"schedulerName": SCHEDULER_NAME}
+        document["spec"]["decode"]["pools"][0]["accelerator"]["nodesPerReplica"] = 2
+        create_pdd(lws_api, lws_namespace, document)
+        group = wait_for(
+            lambda: (
+                len(g := pods_of(lws_api, lws_namespace, "minimal-decode-d")) == 2
+                and all(p.spec.node_name for p in g.values())
+                and g
+            ),
+            what="the decode group bound whole",
+        )
+        worker = next(p for p in group.values() if labels(p)[WORKER_INDEX_LABEL] == "1")
+        lost = worker.spec.node_name
+        client.CoreV1Api(lws_api).delete_node(lost)
+
+        def stalled() -> dict[str, Any] | None:
+            status = get_pdd(lws_api, lws_namespace, "minimal").get("status") or {}
+            found = [c for c in status.get("conditions") or [] if c["type"] == "Stalled"]
+            return found[0] if found and found[0]["status"] == "True" else None
+
+        condition = wait_for(stalled, what="the lost node reported")
+        assert condition["reason"] == "GroupNodeLost", condition
+        assert lost in condition["message"] and "minimal-decode-d-0" in condition["message"]
+    finally:
+        running.stop()
+        client.CoreV1Api(lws_api).delete_collection_namespaced_pod(
+            lws_namespace, grace_period_seconds=0
+        )
+        virtual.stop()

@@ -33,6 +33,7 @@ from pd_operator.core.reconcile import (
     ChildKey,
     EventSpec,
     Problem,
+    lost_group_nodes,
     plan_children,
     pool_observations,
 )
@@ -207,6 +208,11 @@ class Reconciler:
         )
         self._choose_removed(key, pdd, shrinking_pools(plan.apply, snapshot.children), snapshot)
         problems = list(plan.problems)
+        if snapshot.nodes:  # no node view at all (not watched yet): nothing to say
+            problems += [
+                Problem(reasons.GROUP_NODE_LOST, line)
+                for line in lost_group_nodes(pdd, snapshot.pods, snapshot.nodes)
+            ]
         children = dict(snapshot.children)
         transient = self._apply_all(plan.apply, snapshot, body, problems, children)
         for ref in plan.delete:
