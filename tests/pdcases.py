@@ -449,6 +449,18 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     # Scale to zero takes every pool to zero, and needs the router's activator.
     ("idle-with-pools-min-1", mutate("spec.scaling.idleSeconds", 300), "spec.scaling"),
     ("idle-without-router", _set(IDLE, "spec.router.enabled", False), "spec.router"),
+    # Topology-aware placement: a node label key, and one of two modes.
+    ("placement-no-key", mutate("spec.placement", {"mode": "Required"}), "spec.placement"),
+    (
+        "placement-bad-key",
+        mutate("spec.placement", {"topologyKey": "rack name!"}),
+        "spec.placement.topologyKey",
+    ),
+    (
+        "placement-mode-unknown",
+        mutate("spec.placement", {"topologyKey": "example.com/rack", "mode": "Always"}),
+        "spec.placement.mode",
+    ),
 ]
 
 

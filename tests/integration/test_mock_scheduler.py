@@ -12,16 +12,18 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
+from pd_operator.api import parse_pddeployment
+from pd_operator.core.children import LABEL_DEPLOYMENT, LABEL_ROLE, build_deployment
 from pd_operator.core.hardware import GLM_45_FP8, MTT_S5000
 from pd_operator.core.perfmodel import model_load_seconds
 from pd_operator.core.scheduling import REASON_TAINT
 from pd_tools.simcluster.kind_mode import apply_profile
 from pd_tools.simcluster.kubelet import POD_ADDRESSES
 from pd_tools.simcluster.nodes import LABEL_NODE_GROUP, LABEL_VIRTUAL_CLUSTER, LEASE_NAMESPACE
-from pd_tools.simcluster.profile import load_profile
+from pd_tools.simcluster.profile import ClusterProfile, load_profile
 from pd_tools.simcluster.scheduler import SCHEDULER_NAME
 from pd_tools.simcluster.virtual import VirtualCluster
-from pdcases import ROOT
+from pdcases import ROOT, minimal
 from workloads import H200, S5000, deployment
 
 TINY = ROOT / "config" / "clusters" / "tiny.yaml"
@@ -339,3 +341,103 @@ def test_kind_mode_labels_taints_and_advertises_cards_on_labelled_workers(api_cl
     finally:
         for name in workers:
             core.delete_node(name)
+
+
+RACK = "example.com/rack"
+
+
+def racks() -> ClusterProfile:
+    """Two racks of two 8-card H200 nodes, told apart by the RACK label."""
+    return ClusterProfile.model_validate(
+        {
+            "name": "racks",
+            "nodeGroups": [
+                {
+                    "name": f"rack-{rack}",
+                    "count": 2,
+                    "labels": {RACK: rack, "nvidia.com/gpu.product": "NVIDIA-H200"},
+                    "taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}],
+                    "accelerators": [
+                        {"resourceName": "nvidia.com/gpu", "perNode": 8, "profile": "h200"}
+                    ],
+                }
+                for rack in ("a", "b")
+            ],
+        }
+    )
+
+
+def blocker(name: str, node: str) -> dict[str, Any]:
+    """Another workload's pod holding 4 cards on a given node."""
+    cards = {"nvidia.com/gpu": "4"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "blocker"}},
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [
+                {"name": "c", "image": "other:1", "resources": {"requests": cards, "limits": cards}}
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize("mode", ["Required", None])
+def test_required_placement_keeps_a_deployments_prefill_and_decode_in_one_rack(
+    api_client, namespace, virtual, mode
+):
+    cluster = virtual(racks())
+    document = minimal()
+    document["metadata"].update(namespace=namespace, uid="uid-racks")
+    if mode:
+        document["spec"]["placement"] = {"topologyKey": RACK, "mode": mode}
+    for role in ("prefill", "decode"):
+        (pool,) = document["spec"][role]["pools"]
+        pool["accelerator"] = {
+            "resourceName": "nvidia.com/gpu",
+            "perReplica": 4,
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        }
+        pool["template"] = {"schedulerName": SCHEDULER_NAME}
+    pdd = parse_pddeployment(document)
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    node_rack = {
+        n.metadata.name: n.metadata.labels[RACK]
+        for n in core.list_node(label_selector=RACK).items
+        if n.metadata.name in cluster.node_names
+    }
+    a0, _, b0, _ = sorted(node_rack)
+
+    def create(role: str, replicas: int) -> None:
+        manifest = build_deployment(pdd, role, pdd.spec.pools(role)[0], replicas)
+        del manifest["metadata"]["ownerReferences"]  # no PDDeployment object: no GC owner
+        apps.create_namespaced_deployment(namespace, manifest)
+
+    def bound(role: str) -> list[client.V1Pod]:
+        selector = f"{LABEL_DEPLOYMENT}={pdd.metadata.name},{LABEL_ROLE}={role}"
+        return [
+            p
+            for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if p.spec.node_name and not p.metadata.deletion_timestamp
+        ]
+
+    # The first prefill pod goes to the fullest node: b0, which another workload half fills.
+    core.create_namespaced_pod(namespace, blocker("blocker-b", b0))
+    wait_for(lambda: running(core, namespace, "blocker-b"), what="the blocker in rack b")
+    create("prefill", 1)
+    (first,) = wait_for(lambda: bound("prefill"), what="the first prefill pod bound")
+    assert node_rack[first.spec.node_name] == "b"
+    # Now rack a's a0 is the fullest node with room; decode would go there unless placement
+    # keeps it beside prefill.
+    core.create_namespaced_pod(namespace, blocker("blocker-a", a0))
+    wait_for(lambda: running(core, namespace, "blocker-a"), what="the blocker in rack a")
+    create("decode", 2)
+    pods_bound = wait_for(lambda: len(bound("decode")) == 2 and bound("decode"), what="decode")
+    racks_used = {node_rack[p.spec.node_name] for p in [first, *pods_bound]}
+    assert racks_used == ({"b"} if mode == "Required" else {"a", "b"})
+
+
+def running(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    return core.read_namespaced_pod(name, namespace).status.phase == "Running"

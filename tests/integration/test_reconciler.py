@@ -22,6 +22,8 @@ from kubetools import (
     writes,
     writes_by_kind,
 )
+from pd_operator.api import parse_pddeployment
+from pd_operator.core.children import revision
 from pd_operator.handlers.operator import OperatorConfig, OperatorState
 from pdcases import ROOT, load_sample
 
@@ -198,32 +200,39 @@ def test_spec_change_rolls_out_and_removed_pool_is_deleted(operator, api_client,
         "glm-spillover",
         {"spec": {"model": {"image": "lmsysorg/sglang:v0.5.4"}}},
     )
-    decode = wait_for(
+    # The engines' revision changed: it starts beside the old one (`core/rollout.py`), which
+    # keeps its Deployments, image included, until the new pods are Ready (here never: no kubelet).
+    target = revision(parse_pddeployment(get_pdd(api_client, namespace, "glm-spillover")))
+    surge = wait_for(
         lambda: (
-            deployments(api_client, namespace)["glm-spillover-decode-h200"]
-            .spec.template.spec.containers[0]
-            .image
-            == "lmsysorg/sglang:v0.5.4"
+            (found := deployments(api_client, namespace).get(f"glm-spillover-decode-h200-{target}"))
+            and found.spec.template.spec.containers[0].image == "lmsysorg/sglang:v0.5.4"
+            and found
         ),
-        what="the new image on the decode Deployment",
+        what="the new image on the decode pool's new-revision Deployment",
     )
-    assert decode
+    assert surge.spec.template.metadata.labels["pdoperator.io/revision"] == target
+    decode = deployments(api_client, namespace)["glm-spillover-decode-h200"]
+    assert decode.spec.template.spec.containers[0].image != "lmsysorg/sglang:v0.5.4"
     # The S5000 pool keeps its own image override.
-    s5000 = deployments(api_client, namespace)["glm-spillover-prefill-s5000"]
+    s5000 = wait_for(
+        lambda: deployments(api_client, namespace).get(f"glm-spillover-prefill-s5000-{target}"),
+        what="the S5000 pool's new-revision Deployment",
+    )
     assert s5000.spec.template.spec.containers[0].image.endswith("sglang-musa:v0.5.3")
 
     spec = get_pdd(api_client, namespace, "glm-spillover")["spec"]
     spec["prefill"]["pools"] = [p for p in spec["prefill"]["pools"] if p["name"] == "s5000"]
     patch_pdd(api_client, namespace, "glm-spillover", {"spec": {"prefill": spec["prefill"]}})
+    kept = {"glm-spillover-prefill-s5000", "glm-spillover-decode-h200"}
     remaining = wait_for(
         lambda: (
-            set(deployments(api_client, namespace))
-            == {"glm-spillover-prefill-s5000", "glm-spillover-decode-h200"}
+            set(deployments(api_client, namespace)) == kept | {f"{name}-{target}" for name in kept}
             and deployments(api_client, namespace)
         ),
-        what="the removed pool's Deployment to be deleted (and only it)",
+        what="the removed pool's Deployments (both revisions) to be deleted (and only they)",
     )
-    assert len(remaining) == 2
+    assert len(remaining) == 4
     assert wait_for(
         lambda: events(api_client, namespace, "PoolDeleted"), what="a PoolDeleted event"
     )

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import threading
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -472,3 +473,108 @@ def test_a_shrinking_decode_pool_removes_its_idle_replica_not_the_newest_busy_on
             assert not cut, f"streams on {name} cut: {cut[:3]}"
             assert len(result.records) == 8
         assert set(results) == {newest, busy_older}
+
+
+def complete_once(api_client, namespace: str) -> str:
+    """One short completion through the endpoint as kube-proxy would route it now: "ok", "gone"
+    (the router pod chosen was removed between the lookup and the call: a client retries on a
+    fresh connection), or the failure's text."""
+    urls = service_urls(api_client, namespace, NAME, "http")
+    if not urls:
+        return "no ready router"
+    body = {"model": MODEL, "prompt": "hello " * 20, "max_tokens": 4}
+    request = urllib.request.Request(
+        f"{urls[-1]}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            tokens = json.loads(answer.read())["usage"]["completion_tokens"]
+            return "ok" if tokens == 4 else f"{tokens} tokens"
+    except urllib.error.HTTPError as error:
+        return f"HTTP {error.code}: {error.read().decode()[:200]}"
+    except (ConnectionError, urllib.error.URLError):
+        return "gone"
+
+
+def test_an_image_change_rolls_both_roles_and_the_router_together_while_requests_complete(
+    api_client, namespace, operator, virtual
+):
+    """The new revision starts beside the old one; the router switches to it once both roles
+    are Ready; the old pods go. Requests sent all along are answered, none by a mix of
+    revisions the router could not serve."""
+    create_pdd(api_client, namespace, pdd_body())
+    ready_endpoint(api_client, namespace)
+    (first,) = (
+        client.CoreV1Api(api_client)
+        .list_namespaced_pod(
+            namespace, label_selector=f"pdoperator.io/deployment={NAME},pdoperator.io/role=decode"
+        )
+        .items
+    )
+    old = first.metadata.labels["pdoperator.io/revision"]
+    assert complete_once(api_client, namespace) == "ok"
+
+    body = pdd_body()
+    patch_pdd(api_client, namespace, NAME, {"spec": {"model": {
+        **body["spec"]["model"], "image": body["spec"]["model"]["image"] + "-new"}}})  # fmt: skip
+    answers: list[str] = []
+
+    def rolled() -> dict[str, Any] | None:
+        answers.append(complete_once(api_client, namespace))
+        rollout = get_pdd(api_client, namespace, NAME)["status"].get("rollout") or {}
+        done = rollout.get("revision") != old and rollout.get("state") == "Complete"
+        return rollout if done else None
+
+    rollout = wait_for(rolled, timeout=180, what="the rollout Complete on the new revision")
+    new = rollout["revision"]
+    assert rollout["previousRevision"] == old, rollout
+    served = [a for a in answers if a != "gone"]
+    print(f"\nrollout {old} -> {new}: {len(served)} requests answered, "
+          f"{len(answers) - len(served)} sent to a router pod already gone")  # fmt: skip
+    assert served and all(a == "ok" for a in served), [a for a in served if a != "ok"][:5]
+    assert complete_once(api_client, namespace) == "ok"
+    # Every engine and router pod is of the new revision; the surge Deployments are gone.
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    live = [
+        p
+        for p in core.list_namespaced_pod(
+            namespace, label_selector=f"pdoperator.io/deployment={NAME}"
+        ).items
+        if not p.metadata.deletion_timestamp
+    ]
+    assert {p.metadata.labels.get("pdoperator.io/revision") for p in live} == {new}
+    names = {d.metadata.name for d in apps.list_namespaced_deployment(namespace).items}
+    assert not any(name.endswith(f"-{new}") or name.endswith(f"-{old}") for name in names), names
+    router = apps.read_namespaced_deployment(f"{NAME}-router", namespace)
+    command = " ".join(router.spec.template.spec.containers[0].command)
+    assert f"pdoperator.io/revision={new}" in command and old not in command
+
+
+def test_a_rollout_whose_new_pods_never_become_ready_stalls_and_the_old_revision_serves(
+    api_client, namespace, operator, virtual
+):
+    create_pdd(api_client, namespace, pdd_body())
+    ready_endpoint(api_client, namespace)
+    body = pdd_body()
+    # An engine argument the engine refuses: the new revision's engines exit at start.
+    model = {**body["spec"]["model"], "args": ["--max-num-seqs", "many"]}
+    patch_pdd(api_client, namespace, NAME, {"spec": {
+        "model": model, "rollout": {"progressDeadlineSeconds": 10}}})  # fmt: skip
+
+    def stalled() -> dict[str, Any] | None:
+        status = get_pdd(api_client, namespace, NAME)["status"]
+        found = {c["type"]: c for c in status.get("conditions") or []}.get("Stalled") or {}
+        return status if found.get("status") == "True" else None
+
+    status = wait_for(stalled, timeout=120, what="the rollout Stalled")
+    condition = next(c for c in status["conditions"] if c["type"] == "Stalled")
+    assert condition["reason"] == "RolloutStalled", condition
+    assert status["rollout"]["state"] == "Stalled", status["rollout"]
+    # The old revision still serves every request, through the router that never switched.
+    for _ in range(5):
+        assert complete_once(api_client, namespace) == "ok"
+    router = client.AppsV1Api(api_client).read_namespaced_deployment(f"{NAME}-router", namespace)
+    command = " ".join(router.spec.template.spec.containers[0].command)
+    assert f"pdoperator.io/revision={status['rollout']['previousRevision']}" in command

@@ -3,6 +3,8 @@ bounds, and the free capacity of the nodes."""
 
 import pytest
 
+from pd_operator.core.capacity import free_capacity
+from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.policy import PoolObservation, decide
 from pd_operator.core.policy_state import PolicyState
 from policycases import (
@@ -232,3 +234,36 @@ def test_shared_nodes_go_to_decode_first_and_are_never_promised_twice():
     assert decision is not None
     assert decision.role_replicas("decode") + decision.role_replicas("prefill") == 2 + 3
     assert decision.role_replicas("decode") == 4
+
+
+def test_with_required_placement_the_autoscaler_grows_only_in_the_rack_its_pods_run_in():
+    racked = {
+        "prefill.pools.0.accelerator": on_nodes("x"),
+        "decode.pools.0.accelerator": on_nodes("x"),
+    }
+    nodes = [
+        NodeSummary(f"{rack}-{i}", {"g": "x", "rack": rack}, (), {"g/pu": "8"}, ready=True)
+        for rack in ("r1", "r2")
+        for i in range(4)
+    ]
+    # Prefill runs on r1-0 and r1-1, decode on r1-2: one node of r1 is left, r2 is empty.
+    running = {"r1-0": "p", "r1-1": "p", "r1-2": "d"}
+    pods = [
+        PodSummary(f"pod-{node}", "", pool, ready=True, unschedulable=False, node_name=node,
+                   requests={"g/pu": "8"})
+        for node, pool in running.items()
+    ]  # fmt: skip
+    ledger = free_capacity(nodes, pods)
+    on = {pool: frozenset(n for n, p in running.items() if p == pool) for pool in ("p", "d")}
+    pools = {
+        ("prefill", "p"): PoolObservation(2, 2, nodes=on["p"]),
+        ("decode", "d"): PoolObservation(1, 1, nodes=on["d"]),
+    }
+    wanted = {}
+    for placement in (None, {"topologyKey": "rack", "mode": "Required"}):
+        spec = spec_of(racked | ({"placement": placement} if placement else {}))
+        observation = observe(spec, T0, pools, ledger, prefill={"ratio": 3.0, "tokens": 8000.0})
+        state = calibrated(spec, {"prefill": 1000.0, "decode": 500.0})
+        decision = decide(spec, observation, state, T0)
+        wanted[placement is not None] = (replicas(decision), limit(decision))
+    assert wanted == {False: (6, "rate"), True: (3, "capacity")}

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from pd_operator.api import parse_pddeployment
-from pd_operator.core.children import child_key
+from pd_operator.core.children import child_key, revision
 from pd_operator.core.decision import DecidedReplicas, ScaleRecord
 from pd_operator.core.observe import PodSummary, summarize_node
 from pd_operator.core.reconcile import (
@@ -15,6 +15,7 @@ from pd_operator.core.reconcile import (
     ANNOTATION_SPEC_HASH,
     is_subset,
     plan_children,
+    pool_observations,
     unplaceable,
 )
 from pd_operator.core.status import compute_status, invalid_spec_status
@@ -103,14 +104,29 @@ def test_manual_edit_is_restored_with_a_drift_event():
 
 def test_spec_change_is_applied_without_a_drift_event():
     children = applied(plan_children(hetero(), {}, []))
+    body = load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml")
+    body["metadata"].update(namespace="ns", uid="uid-1", generation=1)
+    body["spec"]["decode"]["pools"][0]["template"] = {"labels": {"team": "a"}}
+    plan = plan_children(parse_pddeployment(body), children, [])
+    assert {m["metadata"]["name"] for m in plan.apply} == {"glm-hetero-decode-h200"}
+    assert plan.events == []
+
+
+def test_an_engine_change_rolls_both_roles_beside_the_old_ones_without_a_drift_event():
+    children = applied(plan_children(hetero(), {}, []))
     model = {
         "name": "zai-org/GLM-4.6-FP8",
         "image": "vllm/vllm-openai:v0.12.0",
         "contextLength": 65536,
     }
-    changed = hetero(model=model)  # the prefill pool overrides the image: only decode changes
+    # The prefill pool overrides the image, yet prefill rolls too: its engines must agree with
+    # decode's (tests/unit/test_rollout.py).
+    changed = hetero(model=model)
     plan = plan_children(changed, children, [])
-    assert {m["metadata"]["name"] for m in plan.apply} == {"glm-hetero-decode-h200"}
+    assert {m["metadata"]["name"] for m in plan.apply} == {
+        f"glm-hetero-prefill-s5000-{revision(changed)}",
+        f"glm-hetero-decode-h200-{revision(changed)}",
+    }
     assert plan.events == []
 
 
@@ -486,3 +502,15 @@ def test_a_pool_whose_devices_no_node_with_its_cards_offers_is_unplaceable():
         }
     )
     assert unplaceable(parse_pddeployment(body).spec.decode.pools[0], [with_gpus, both]) is None
+
+
+def test_pool_observations_say_which_nodes_each_pool_runs_on() -> None:
+    # spec.placement's Required domain is read from where the pools' pods are bound.
+    pods = [
+        PodSummary("p1", "prefill", "s5000", ready=True, unschedulable=False, node_name="n1"),
+        PodSummary("p2", "prefill", "s5000", ready=False, unschedulable=False),  # not bound yet
+        PodSummary("d1", "decode", "h200", ready=True, unschedulable=False, node_name="n2"),
+    ]
+    observed = pool_observations(hetero(), {}, pods)
+    assert observed[("prefill", "s5000")].nodes == frozenset({"n1"})
+    assert observed[("decode", "h200")].nodes == frozenset({"n2"})

@@ -9,7 +9,7 @@ from vllm_router.launch_router import parse_router_args
 from pd_operator import __version__
 from pd_operator.activator.__main__ import parse as parse_activator_args
 from pd_operator.api import InvalidSpecError, parse_pddeployment
-from pd_operator.core.children import desired_children
+from pd_operator.core.children import desired_children, revision
 from pd_operator.core.reconcile import plan_children
 from pd_operator.core.router import (
     ACTIVATOR_METRICS_PORT_NAME,
@@ -17,6 +17,7 @@ from pd_operator.core.router import (
     DEFAULT_IMAGES,
     INTERNAL_PORT,
     build_endpoint_service,
+    build_router_deployment,
     endpoint_url,
     router_children,
     router_command,
@@ -76,14 +77,33 @@ def test_the_router_finds_only_this_objects_pods_in_its_namespace_in_pd_mode():
     assert "--service-discovery" in argv
     assert flag_values(argv, "--service-discovery-namespace") == ["llm"]
     assert flag_values(argv, "--service-discovery-port") == ["8000"]
+    # Only the spec's revision: new prefill never hands off to old decode (nor the reverse).
+    serving = f"pdoperator.io/revision={revision(pdd())}"
     assert sorted(flag_values(argv, "--prefill-selector")) == [
         "pdoperator.io/deployment=minimal",
+        serving,
         "pdoperator.io/role=prefill",
     ]
     assert sorted(flag_values(argv, "--decode-selector")) == [
         "pdoperator.io/deployment=minimal",
+        serving,
         "pdoperator.io/role=decode",
     ]
+
+
+def test_during_a_rollout_the_router_selects_the_revision_it_is_told_and_says_so():
+    argv = router_command(pdd(), "abc123")
+    for flag, role in (("--prefill-selector", "prefill"), ("--decode-selector", "decode")):
+        assert sorted(flag_values(argv, flag)) == [
+            "pdoperator.io/deployment=minimal",
+            "pdoperator.io/revision=abc123",
+            f"pdoperator.io/role={role}",
+        ]
+    deployment = build_router_deployment(pdd(), serving="abc123")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["pdoperator.io/revision"] == "abc123"
+    # The selector is immutable: the revision never enters it.
+    assert "pdoperator.io/revision" not in deployment["spec"]["selector"]["matchLabels"]
     # Cache-aware prefill so that a repeated prefix lands where its KV cache is.
     assert flag_values(argv, "--prefill-policy") == ["cache_aware"]
     assert flag_values(argv, "--decode-policy") == ["power_of_two"]
@@ -253,26 +273,30 @@ def test_the_installed_vllm_router_accepts_the_command_line_the_operator_builds(
     # The router's own parser (from the pinned wheel): a flag it does not know would crash the
     # router pod at start.
     document = mutate("spec.router.replicas", {"min": 1, "max": 3})
-    argv = router_command(pdd(document))
+    built = pdd(document)
+    argv = router_command(built)
     assert argv[0] == "vllm-router"
     parsed = parse_router_args(argv[1:])
     assert parsed.vllm_pd_disaggregation and parsed.service_discovery
     assert parsed.prefill_selector == {
         "pdoperator.io/deployment": "minimal",
         "pdoperator.io/role": "prefill",
+        "pdoperator.io/revision": revision(built),
     }
     assert parsed.service_discovery_namespace == "llm"
     assert (parsed.host, parsed.port, parsed.prometheus_port) == ("0.0.0.0", 8000, 29000)
 
 
 def test_the_installed_sglang_router_accepts_the_command_line_the_operator_builds():
-    argv = router_command(pdd(mutate("spec.model.engine", "SGLang")))
+    built = pdd(mutate("spec.model.engine", "SGLang"))
+    argv = router_command(built)
     assert argv[:3] == ["python3", "-m", "sglang_router.launch_router"]
     parsed = parse_sglang_router_args(argv[3:])
     assert parsed.pd_disaggregation and parsed.service_discovery
     assert parsed.decode_selector == {
         "pdoperator.io/deployment": "minimal",
         "pdoperator.io/role": "decode",
+        "pdoperator.io/revision": revision(built),
     }
     assert (parsed.service_discovery_port, parsed.port) == (30000, 8000)
 

@@ -1171,6 +1171,39 @@ class RouterSpec(SpecModel):
         return template
 
 
+PlacementMode = Literal["Preferred", "Required"]
+
+
+class PlacementSpec(SpecModel):
+    """Where the pools' pods go relative to each other: one topology domain (a rack, an RDMA
+    fabric) for the whole PDDeployment, so KV hand-offs stay on the fast fabric."""
+
+    topology_key: LabelKey = Field(
+        description="Node label whose value names a domain, e.g. a rack or RDMA-fabric label; "
+        "every prefill and decode pod of this PDDeployment seeks the domain its other pods run in."
+    )
+    mode: PlacementMode = Field(
+        "Preferred",
+        description="Preferred: the scheduler favours that domain and spills over when it is "
+        "full. Required: pods only run in that domain (nodes without the label never), and the "
+        "autoscaler counts only that domain's free room.",
+    )
+
+
+class RolloutSpec(SpecModel):
+    """How a change of what the engines run (image, engine arguments, model, KV transfer)
+    rolls out: a new revision of both roles beside the old one, switched to when Ready."""
+
+    progress_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=86400,
+        description="Seconds the new revision's pods may take to become Ready before the "
+        "rollout reports Stalled (the old revision keeps serving); absent: the engines' whole "
+        "startup window plus 10 minutes.",
+    )
+
+
 def _schedule_rule(role: Role, quantifier: str, check: str) -> str:
     """A CEL rule over every pool name `k` a schedule `s` names under `role` (its floor:
     `s.<role>[k]`): `check` holds for `quantifier` (all, exists) pool `p` of the role."""
@@ -1247,6 +1280,13 @@ class PDDeploymentSpec(SpecModel):
         default_factory=TerminationSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
     )
     router: RouterSpec = Field(default_factory=RouterSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT)
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, json_schema_extra=EMPTY_OBJECT_DEFAULT
+    )
+    placement: PlacementSpec | None = Field(
+        None,
+        description="Keep prefill and decode in one topology domain; absent: anywhere.",
+    )
 
     def pools(self, role: Role) -> list[PoolSpec]:
         """The pools of a role, in order of preference."""

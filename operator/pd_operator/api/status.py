@@ -106,6 +106,18 @@ class ExternalScaling(StatusModel):
     message: str = Field("", max_length=1024)
 
 
+class RolloutStatus(StatusModel):
+    """The last rollout across roles: a new revision of both roles, switched to once Ready."""
+
+    revision: str = Field(max_length=63, description="The engines' revision the spec asks for.")
+    previous_revision: str | None = Field(
+        None, max_length=63, description="The revision it replaces, serving until it is Ready."
+    )
+    state: Literal["Progressing", "Complete", "Stalled"]
+    message: str = Field("", max_length=1024)
+    started_at: str | None = Field(None, description="RFC 3339 time the rollout began.")
+
+
 class PDDeploymentStatus(StatusModel):
     """Status of a PDDeployment."""
 
@@ -117,6 +129,7 @@ class PDDeploymentStatus(StatusModel):
         None, description="In-cluster URL of the OpenAI API (the router's Service)."
     )
     router: RouterStatus | None = None
+    rollout: RolloutStatus | None = None
     external_scaling: list[ExternalScaling] = Field(
         default_factory=list,
         description="Mode External: each role's PDPool request and what the operator runs.",

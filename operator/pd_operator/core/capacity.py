@@ -9,14 +9,16 @@ Free is allocatable minus the requests of the pods bound to the node. Only Ready
 nodes that the pool admits (`placement.node_admits`: selector and taints) count.
 
 `FreeCapacity` is a ledger: `take` places replicas on it and returns a new ledger, so pools that
-share nodes are never promised the same cards twice within one decision.
+share nodes are never promised the same cards twice within one decision. With
+`spec.placement.mode: Required` a PDDeployment sees only its topology domain's nodes
+(`in_domain`), as kube-scheduler's required podAffinity lets its pods go nowhere else.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from pd_operator.api.spec import ContainerResources, PoolSpec
+from pd_operator.api.spec import ROLE_NAMES, ContainerResources, PDDeploymentSpec, PoolSpec
 from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.placement import node_admits
 from pd_operator.core.quantity import parse_quantity
@@ -71,6 +73,28 @@ class FreeCapacity:
     """Free room per schedulable node; immutable, `take` returns a new ledger."""
 
     rooms: tuple[NodeRoom, ...]
+    # Labels of every node, schedulable or not: a deployment's pods may run on a cordoned one.
+    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def in_domain(self, spec: PDDeploymentSpec, running: Collection[str]) -> "FreeCapacity":
+        """The ledger a PDDeployment can grow on: with placement Required, only the nodes of the
+        topology domains its pool pods run in (`running`: their nodes), or with none running the
+        one domain with the most room for it; nodes without the label never. Else all nodes."""
+        placement = spec.placement
+        if placement is None or placement.mode != "Required":
+            return self
+        key = placement.topology_key
+        domains: dict[str, list[NodeRoom]] = {}
+        for room in self.rooms:
+            if key in room.node.labels:
+                domains.setdefault(room.node.labels[key], []).append(room)
+        node_labels = {room.node.name: room.node.labels for room in self.rooms} | dict(self.labels)
+        taken = {node_labels[n][key] for n in running if key in node_labels.get(n, {})}
+        if not taken and domains:
+            # kube-scheduler lets the first pod go to any labelled node; the rest follow it.
+            taken = {min(domains, key=lambda d: (_rank(spec, domains[d]), d))}
+        rooms = tuple(room for room in self.rooms if room.node.labels.get(key) in taken)
+        return FreeCapacity(rooms, self.labels)
 
     def _admitting(self, pool: PoolSpec) -> list[int]:
         return [i for i, room in enumerate(self.rooms) if node_admits(pool, room.node)]
@@ -141,7 +165,20 @@ class FreeCapacity:
                 if name in free:
                     free[name] -= amount
             rooms[best] = replace(rooms[best], free=free)
-        return FreeCapacity(tuple(rooms))
+        return FreeCapacity(tuple(rooms), self.labels)
+
+
+def _rank(spec: PDDeploymentSpec, rooms: Sequence[NodeRoom]) -> tuple[int, Decimal]:
+    """A domain's rank for a PDDeployment with no pod running yet, lowest first: most roles
+    with a pool that fits one replica there, then most free cards its pools could use."""
+    ledger = FreeCapacity(tuple(rooms))
+    roles = sum(any(ledger.fits(pool) for pool in spec.pools(role)) for role in ROLE_NAMES)
+    pools = [pool for role in ROLE_NAMES for pool in spec.pools(role)]
+    cards = Decimal(0)
+    for room in rooms:
+        usable = {p.accelerator.resource_name for p in pools if node_admits(p, room.node)}
+        cards += sum((room.free.get(name, Decimal(0)) for name in usable), Decimal(0))
+    return -roles, -cards
 
 
 def _allocatable(node: NodeSummary) -> dict[str, Decimal]:
@@ -172,4 +209,4 @@ def free_capacity(nodes: Sequence[NodeSummary], pods: Iterable[PodSummary]) -> F
             if name in free:
                 free[name] = max(Decimal(0), free[name] - amount)
         rooms.append(NodeRoom(node, free))
-    return FreeCapacity(tuple(rooms))
+    return FreeCapacity(tuple(rooms), {node.name: node.labels for node in nodes})

@@ -13,6 +13,8 @@ what they applied.
 """
 
 import copy
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -20,6 +22,7 @@ from pd_operator.api.document import API_VERSION, KIND, PDDeployment
 from pd_operator.api.pdpool import POOL_KIND
 from pd_operator.api.spec import (
     ENGINE_CONTAINER,
+    PlacementSpec,
     PodTemplateOverrides,
     PoolSpec,
     PoolTemplateOverrides,
@@ -45,6 +48,10 @@ ROLES: tuple[Role, ...] = ("prefill", "decode")
 LABEL_DEPLOYMENT = "pdoperator.io/deployment"
 LABEL_ROLE = "pdoperator.io/role"
 LABEL_POOL = "pdoperator.io/pool"
+# On every engine pod and the router's: the revision of what the engines must agree on
+# (`revision`); the routers select it, so new prefill hands off to new decode only.
+LABEL_REVISION = "pdoperator.io/revision"
+REVISION_LENGTH = 10
 ENGINE_APP_NAME = "pd-operator-engine"
 MANAGED_BY = "pd-operator"
 CONTAINER_NAME = ENGINE_CONTAINER
@@ -90,6 +97,23 @@ def selector_labels(pdd_name: str, role: Role, pool: str | None = None) -> dict[
     if pool is not None:
         labels[LABEL_POOL] = pool
     return labels
+
+
+def revision(pdd: PDDeployment) -> str:
+    """A short hash of what prefill and decode engines must agree on: the model (engine,
+    image, engine args), KV transfer, and the images pools override it with. Not replicas,
+    scaling, pools added or removed, nor the rest of a pool's template: those roll in place."""
+    spec = pdd.spec
+    images = sorted(
+        {
+            (pool.template or PoolTemplateOverrides()).image or spec.model.image
+            for role in ROLES
+            for pool in spec.pools(role)
+        }
+    )
+    identity = [spec.model.model_dump(mode="json"), spec.kv_transfer.model_dump(mode="json")]
+    encoded = json.dumps([*identity, images], sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:REVISION_LENGTH]
 
 
 def child_labels(pdd_name: str, role: Role, pool: str | None = None) -> dict[str, str]:
@@ -249,7 +273,7 @@ def _pod_template(
     port = engine_port(pdd.spec.model.engine)
     # Ours win over the template's: the selector and the metrics scrape depend on them.
     own = _pod_labels(pdd.metadata.name, role, pool, leader)
-    labels = {**template.labels, **own}
+    labels = {**template.labels, **own, LABEL_REVISION: revision(pdd)}
     annotations = dict(template.annotations)
     if leader:
         annotations |= {
@@ -293,9 +317,44 @@ def _pod_template(
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     keys = (LABEL_DEPLOYMENT, LABEL_ROLE if leader else LABEL_GROUP_ROLE, LABEL_POOL)
     pod.update(template_pod_fields(template, {k: own[k] for k in keys if k in own}))
+    if pdd.spec.placement is not None:
+        pod["affinity"] = with_placement(pod.get("affinity"), pdd.metadata.name, pdd.spec.placement)
     built = {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
     # Last, over everything above; the API refuses a patch of what the operator relies on.
     return strategic_merge(built, template.patch) if template.patch else built
+
+
+# The weight of the Preferred term: the highest, so the domain outweighs other preferences.
+PLACEMENT_WEIGHT = 100
+
+
+def placement_term(pdd_name: str, placement: PlacementSpec) -> dict[str, Any]:
+    """The podAffinity term that draws a pool pod to the domain of the PDDeployment's other pool
+    pods (both roles, leaders and workers; not its routers, which carry no pool label)."""
+    return {
+        "labelSelector": {
+            "matchLabels": {LABEL_DEPLOYMENT: pdd_name},
+            "matchExpressions": [{"key": LABEL_POOL, "operator": "Exists"}],
+        },
+        "topologyKey": placement.topology_key,
+    }
+
+
+def with_placement(
+    affinity: Mapping[str, Any] | None, pdd_name: str, placement: PlacementSpec
+) -> dict[str, Any]:
+    """A pod's affinity with the placement's podAffinity term added after the template's own
+    terms. Kubernetes lets the first pod of a self-affine set land anywhere."""
+    merged = copy.deepcopy(dict(affinity or {}))
+    pod_affinity = merged.setdefault("podAffinity", {})
+    term = placement_term(pdd_name, placement)
+    if placement.mode == "Required":
+        field, entry = "requiredDuringSchedulingIgnoredDuringExecution", term
+    else:
+        field = "preferredDuringSchedulingIgnoredDuringExecution"
+        entry = {"weight": PLACEMENT_WEIGHT, "podAffinityTerm": term}
+    pod_affinity[field] = [*(pod_affinity.get(field) or []), entry]
+    return merged
 
 
 def template_pod_fields(template: PodTemplateOverrides, own: Mapping[str, str]) -> dict[str, Any]:

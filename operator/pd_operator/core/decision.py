@@ -5,7 +5,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from pd_operator.api.spec import Role
+from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.api.status import LimitedBy
 from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.children import PoolKey
@@ -21,6 +21,7 @@ class PoolObservation:
     ready: int = 0
     unschedulable: int = 0  # pods with PodScheduled=False, reason Unschedulable
     scheduled: int | None = None  # pods bound to a node; None: all but the unschedulable
+    nodes: frozenset[str] = frozenset()  # the nodes its pods are bound to
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,17 @@ class Observation:
     # The node view (`core.capacity.free_capacity`); None: unknown, replicas are not limited
     # by it, and unschedulable pods are left alone (a cluster autoscaler may act on them).
     capacity: FreeCapacity | None = None
+
+    def room(self, spec: PDDeploymentSpec) -> FreeCapacity | None:
+        """The free capacity this PDDeployment may grow on (`FreeCapacity.in_domain`)."""
+        if self.capacity is None:
+            return None
+        return self.capacity.in_domain(spec, running_nodes(self.pools))
+
+
+def running_nodes(pools: Mapping[PoolKey, PoolObservation]) -> set[str]:
+    """The nodes the pools' pods are bound to."""
+    return {node for pool in pools.values() for node in pool.nodes}
 
 
 @dataclass(frozen=True)

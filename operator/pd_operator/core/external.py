@@ -29,7 +29,7 @@ from pd_operator.core.allocation import (
 )
 from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.children import ROLES, PoolKey, pod_selector, workload_key
-from pd_operator.core.decision import PoolObservation
+from pd_operator.core.decision import PoolObservation, running_nodes
 from pd_operator.core.naming import pdpool_name
 from pd_operator.core.reconcile import ChildKey, EventSpec, all_pools
 from pd_operator.core.status import ConditionSpec, ScalingView
@@ -105,7 +105,8 @@ def decide_external(
     capacity: FreeCapacity | None,
 ) -> ExternalDecision:
     """Replicas per pool for the roles' requests; a role without one holds what it runs."""
-    ledger = capacity
+    # Required placement: only the domain its pods run in.
+    ledger = None if capacity is None else capacity.in_domain(pdd.spec, running_nodes(pools))
     slots: dict[Role, list[Slot]] = {role: [] for role in ROLES}
     for role in ORDER:
         for pool in pdd.spec.pools(role):

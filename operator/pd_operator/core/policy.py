@@ -871,7 +871,7 @@ def _hold_schedule_floors(r: _Round) -> None:
 def _reserve_room(r: _Round) -> None:
     """Free capacity, less the room pods waiting to be bound will take."""
     pools = [p for role in DECISION_ORDER for p in r.work[role]]
-    r.ledger = _reserve(pools, r.observation.capacity)
+    r.ledger = _reserve(pools, r.observation.room(r.spec))
 
 
 def _read_loads(r: _Round) -> None:

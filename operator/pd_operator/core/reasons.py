@@ -30,6 +30,8 @@ NO_NODE_FITS = "NoNodeFits"
 # A child's name is taken by an object this PDDeployment does not own.
 NAME_CONFLICT = "NameConflict"
 IMAGE_UNAVAILABLE = "ImageUnavailable"
+# A rollout's new revision did not become Ready within spec.rollout.progressDeadlineSeconds.
+ROLLOUT_STALLED = "RolloutStalled"
 # A multi-node replica has a pod on a node that is gone or not Ready (`reconcile.lost_group_nodes`).
 GROUP_NODE_LOST = "GroupNodeLost"
 # A Deployment's ReplicaSet cannot create pods (a missing ServiceAccount or PriorityClass, a

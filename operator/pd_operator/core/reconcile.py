@@ -7,13 +7,14 @@ Neither does I/O; `pd_operator.handlers.reconciler` executes their results.
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pd_operator.api import PDDeployment, PoolSpec, Role
 from pd_operator.api.pdpool import POOL_KIND
 from pd_operator.core import reasons
+from pd_operator.core.capacity import FreeCapacity
 from pd_operator.core.children import (
     LABEL_POOL,
     LABEL_ROLE,
@@ -31,6 +32,7 @@ from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import NodeSummary, PodSummary
 from pd_operator.core.placement import allocatable, node_admits
 from pd_operator.core.quantity import same_quantity
+from pd_operator.core.rollout import Rollout, plan_rollout, surge
 from pd_operator.core.router import DEFAULT_ACTIVATOR_IMAGE, router_children
 
 ANNOTATION_SPEC_HASH = "pdoperator.io/spec-hash"
@@ -83,6 +85,7 @@ class ChildPlan:
     events: list[EventSpec] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     replicas: dict[PoolKey, int] = field(default_factory=dict)
+    rollout: Rollout | None = None  # a rollout across roles in progress, or just completed
 
 
 def all_pools(pdd: PDDeployment) -> list[tuple[Role, PoolSpec]]:
@@ -171,6 +174,8 @@ def pool_observations(
             ready=status.get("readyReplicas", 0),
             unschedulable=sum(any(p.unschedulable for p in group) for group in groups),
             scheduled=bound if count_bound else None,
+            # Where the pool runs: spec.placement's Required domain is read from it.
+            nodes=frozenset(p.node_name for group in groups for p in group if p.node_name),
         )
     return observed
 
@@ -323,11 +328,19 @@ def plan_children(
     nodes: Sequence[NodeSummary],
     decisions: Mapping[PoolKey, int] | None = None,
     activator_image: str = DEFAULT_ACTIVATOR_IMAGE,
+    *,
+    free: Callable[[], FreeCapacity] | None = None,
 ) -> ChildPlan:
     """The applies and deletes that make the children match the spec; nothing when converged.
-    `activator_image` is the operator's own image (the router pod's activator)."""
+    `activator_image` is the operator's own image (the router pod's activator); `free` the
+    free capacity that limits a rollout's surge (`core.rollout`)."""
     plan = ChildPlan(replicas=current_replicas(pdd, children, decisions))
-    blocked: set[str] = set()
+    rollout = plan_rollout(pdd, children, plan.replicas, free)
+    plan.rollout = rollout.rollout
+    if rollout.rollout is not None and rollout.rollout.state == "Stalled":
+        plan.problems.append(Problem(reasons.ROLLOUT_STALLED, rollout.rollout.message))
+    # The pools that keep their old revision until the routers select the new one.
+    blocked: set[str] = set(rollout.frozen)
     for role, pool in all_pools(pdd):
         why = unplaceable(pool, nodes)
         if why:
@@ -339,7 +352,8 @@ def plan_children(
     pdpools = [build_pdpool(pdd, role) for role in ROLES] if external else []
     for built in [
         *desired_children(pdd, plan.replicas),
-        *router_children(pdd, activator_image),
+        *rollout.surge,
+        *router_children(pdd, activator_image, rollout.serving),
         *pdpools,
     ]:
         key = child_key(built)
@@ -348,7 +362,9 @@ def plan_children(
         if key[1] in POOL_WORKLOAD_KINDS and key[2] in blocked:
             continue  # keep what runs; a new spec that cannot be placed is not rolled out
         extra = {ANNOTATION_SPEC_HASH: spec_hash(built)}
-        if key[1] in POOL_WORKLOAD_KINDS and built["metadata"]["labels"].get(LABEL_ROLE) in ROLES:
+        labels = built["metadata"]["labels"]
+        # A surge workload (`core.rollout`) holds no replica decision: its pool's own one does.
+        if key[1] in POOL_WORKLOAD_KINDS and labels.get(LABEL_ROLE) in ROLES and not surge(built):
             extra[ANNOTATION_DESIRED_REPLICAS] = str(built["spec"]["replicas"])
             extra |= _last_scale(decisions, built, children.get(key))
         manifest = _annotate(built, extra)

@@ -24,11 +24,13 @@ from pd_operator.api.document import PDDeployment
 from pd_operator.api.spec import Engine, PodTemplateOverrides, Role, RoutingPolicy
 from pd_operator.core.children import (
     LABEL_DEPLOYMENT,
+    LABEL_REVISION,
     LABEL_ROLE,
     MANAGED_BY,
     container_security_context,
     merge_by,
     owner_reference,
+    revision,
     selector_labels,
     template_pod_fields,
 )
@@ -102,9 +104,9 @@ def endpoint_url(pdd: PDDeployment) -> str:
     return f"http://{name}.{pdd.metadata.namespace}.svc:{PORT}"
 
 
-def _selector_args(flag: str, pdd_name: str, role: Role) -> list[str]:
-    pairs = [f"{k}={v}" for k, v in selector_labels(pdd_name, role).items()]
-    return [flag, *pairs]
+def _selector_args(flag: str, pdd_name: str, role: Role, serving: str) -> list[str]:
+    labels = {**selector_labels(pdd_name, role), LABEL_REVISION: serving}
+    return [flag, *(f"{k}={v}" for k, v in labels.items())]
 
 
 def has_activator(pdd: PDDeployment) -> bool:
@@ -112,9 +114,10 @@ def has_activator(pdd: PDDeployment) -> bool:
     return pdd.spec.scaling.idle_seconds is not None
 
 
-def router_command(pdd: PDDeployment) -> list[str]:
-    """The router container's command line: PD mode, pods found by this PDDeployment's labels in
-    its namespace only, the spec's policies, metrics on their own port; `router.args` last."""
+def router_command(pdd: PDDeployment, serving: str | None = None) -> list[str]:
+    """The router container's command line: PD mode, pods of revision `serving` (default: the
+    spec's) found by this PDDeployment's labels in its namespace only, the spec's policies,
+    metrics on their own port; `router.args` last."""
     spec, name = pdd.spec, pdd.metadata.name
     router = spec.router
     engine = spec.model.engine
@@ -126,8 +129,9 @@ def router_command(pdd: PDDeployment) -> list[str]:
     argv += ["--host", "0.0.0.0", "--port", str(port)]
     argv += ["--service-discovery", "--service-discovery-namespace", pdd.metadata.namespace or ""]
     argv += ["--service-discovery-port", str(engine_port(engine))]
-    argv += _selector_args("--prefill-selector", name, "prefill")
-    argv += _selector_args("--decode-selector", name, "decode")
+    serving = serving or revision(pdd)
+    argv += _selector_args("--prefill-selector", name, "prefill", serving)
+    argv += _selector_args("--decode-selector", name, "decode", serving)
     argv += ["--health-check-interval-secs", str(HEALTH_CHECK_SECONDS)]
     argv += ["--worker-startup-check-interval", str(WORKER_STARTUP_CHECK_SECONDS)]
     argv += ["--worker-startup-timeout-secs", str(WORKER_STARTUP_TIMEOUT_SECONDS)]
@@ -206,9 +210,10 @@ def activator_container(image: str) -> dict[str, Any]:
 
 
 def build_router_deployment(
-    pdd: PDDeployment, activator_image: str = DEFAULT_ACTIVATOR_IMAGE
+    pdd: PDDeployment, activator_image: str = DEFAULT_ACTIVATOR_IMAGE, serving: str | None = None
 ) -> Manifest:
-    """The router's Deployment; replicas left to the HPA when the bounds differ."""
+    """The router's Deployment, routing to revision `serving` (default: the spec's); replicas
+    left to the HPA when the bounds differ."""
     router, name = pdd.spec.router, router_name(pdd.metadata.name)
     template = router.template or PodTemplateOverrides()
     activator = has_activator(pdd)
@@ -217,7 +222,7 @@ def build_router_deployment(
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": template.image or DEFAULT_IMAGES[pdd.spec.model.engine],
-        "command": router_command(pdd),
+        "command": router_command(pdd, serving),
         "ports": [
             api_port,
             {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
@@ -237,7 +242,8 @@ def build_router_deployment(
         container["env"] = [var.model_dump() for var in template.env]
     if template.volume_mounts:
         container["volumeMounts"] = merge_by("mountPath", [], template.volume_mounts)
-    labels = router_labels(pdd.metadata.name)
+    # Which engine revision its pods route to: a rollout waits for them to switch.
+    labels = {**router_labels(pdd.metadata.name), LABEL_REVISION: serving or revision(pdd)}
     pod: dict[str, Any] = {
         **template_pod_fields(template, _selector(pdd.metadata.name)["matchLabels"]),
         "serviceAccountName": name,
@@ -372,10 +378,10 @@ def build_router_autoscaler(pdd: PDDeployment) -> Manifest:
 
 
 def router_children(
-    pdd: PDDeployment, activator_image: str = DEFAULT_ACTIVATOR_IMAGE
+    pdd: PDDeployment, activator_image: str = DEFAULT_ACTIVATOR_IMAGE, serving: str | None = None
 ) -> list[Manifest]:
     """Every router object, or none when `router.enabled` is false; `activator_image` is the
-    operator's own image (scale to zero)."""
+    operator's own image (scale to zero), `serving` the engine revision routed to."""
     router = pdd.spec.router
     if not router.enabled:
         return []
@@ -383,7 +389,7 @@ def router_children(
         build_router_service_account(pdd),
         build_router_role(pdd),
         build_router_role_binding(pdd),
-        build_router_deployment(pdd, activator_image),
+        build_router_deployment(pdd, activator_image, serving),
         build_endpoint_service(pdd),
         build_router_disruption_budget(pdd),
     ]

@@ -152,11 +152,12 @@ def capacity_available(
             reasons.CAPACITY_AVAILABLE, False, reasons.CAPACITY_EXHAUSTED, decision.reason
         )
     short = []
+    room = observation.room(spec)
     for role, pool in ((r, p) for r in ROLES for p in spec.pools(r)):
         seen = observation.pools.get((role, pool.name))
-        if seen is None or observation.capacity is None:
+        if seen is None or room is None:
             continue
-        why = observation.capacity.shortage(
+        why = room.shortage(
             pool, not_ready=seen.replicas - seen.ready, unschedulable=seen.unschedulable
         )
         if why:

@@ -2,8 +2,9 @@
 
 The fit logic of the mock scheduler (`pd_tools.simcluster`): the filters of kube-scheduler's default
 profile that decide where accelerator pods go, in its order (NodeUnschedulable, TaintToleration,
-NodeAffinity, NodeResourcesFit), a most-allocated score that packs cards onto as few nodes as
-possible, and the FailedScheduling message. Like kube-scheduler, a node that is not Ready is kept
+NodeAffinity, NodeResourcesFit, then InterPodAffinity's required podAffinity terms), a
+most-allocated score that packs cards onto as few nodes as possible, and the FailedScheduling
+message. Like kube-scheduler, a node that is not Ready is kept
 off by the taints the node-lifecycle controller puts on it, not by looking at its conditions.
 The pods of one LeaderWorkerSet group (a multi-node replica) are placed together or not at all,
 as a gang scheduler does: a half-placed group would hold cards and serve nothing.
@@ -25,6 +26,7 @@ REASON_UNSCHEDULABLE = "node(s) were unschedulable"
 REASON_TAINT = "node(s) had untolerated taint(s)"
 REASON_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 REASON_TOO_MANY_PODS = "Too many pods"
+REASON_POD_AFFINITY = "node(s) didn't match pod affinity rules"
 PODS = "pods"
 # A node with `spec.unschedulable` (kubectl cordon) admits pods that tolerate this taint.
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
@@ -34,6 +36,8 @@ BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 
 Usage = Mapping[str, int]  # resource name -> amount in milli-units ("pods" counts 1000 per pod)
+# A pod as podAffinity terms see it: its namespace and labels.
+Identity = tuple[str, Mapping[str, str]]
 
 
 def milli(quantity: str | int) -> int:
@@ -121,6 +125,27 @@ class SelectorTerm:
         )
 
 
+@dataclass(frozen=True)
+class PodAffinityTerm:
+    """A required podAffinity term: a node qualifies when a pod the term selects runs on a node
+    with the same value of `topology_key`. Namespaces: the term's list, else the pod's own (a
+    namespaceSelector is not read)."""
+
+    topology_key: str
+    namespaces: tuple[str, ...]
+    match_labels: tuple[tuple[str, str], ...] = ()
+    expressions: tuple[Requirement, ...] = ()
+
+    def selects(self, pod: Identity) -> bool:
+        """Whether the term's selector and namespaces match a pod."""
+        namespace, labels = pod
+        return (
+            namespace in self.namespaces
+            and all(labels.get(key) == value for key, value in self.match_labels)
+            and all(r.matches(labels) for r in self.expressions)
+        )
+
+
 def _check_order(item: tuple[str, int]) -> tuple[int, str]:
     # kube-scheduler's order: pod count, cpu, memory, ephemeral storage, then the rest by name.
     rank = {PODS: 0, "cpu": 1, "memory": 2, "ephemeral-storage": 3}
@@ -137,6 +162,10 @@ class PodDemand:
     # Required node affinity: any term may match. None when the pod sets none.
     affinity: tuple[SelectorTerm, ...] | None = None
     tolerations: tuple[Toleration, ...] = ()
+    # Required podAffinity terms, and whether the pod matches all of them itself (the first pod
+    # of a self-affine set may go to any node, as kube-scheduler allows).
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    self_affine: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requests", tuple(sorted(self.requests, key=_check_order)))
@@ -208,12 +237,35 @@ def pod_demand(pod: Mapping[str, Any]) -> PodDemand:
         )
         for t in spec.get("tolerations") or ()
     )
+    meta = pod.get("metadata") or {}
+    own: Identity = (str(meta.get("namespace") or ""), meta.get("labels") or {})
+    pod_affinity = _pod_affinity_terms(spec, own[0])
     return PodDemand(
         requests=tuple(pod_requests(spec).items()),
         node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
         affinity=affinity,
         tolerations=tolerations,
+        pod_affinity=pod_affinity,
+        self_affine=bool(pod_affinity) and all(term.selects(own) for term in pod_affinity),
     )
+
+
+def _pod_affinity_terms(spec: Mapping[str, Any], namespace: str) -> tuple[PodAffinityTerm, ...]:
+    terms = ((spec.get("affinity") or {}).get("podAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or ()
+    found = []
+    for term in terms:
+        selector = term.get("labelSelector") or {}
+        found.append(
+            PodAffinityTerm(
+                topology_key=term["topologyKey"],
+                namespaces=tuple(term.get("namespaces") or (namespace,)),
+                match_labels=tuple(sorted((selector.get("matchLabels") or {}).items())),
+                expressions=_requirements(selector.get("matchExpressions") or ()),
+            )
+        )
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -266,6 +318,35 @@ def static_reason(demand: PodDemand, node: NodeFacts) -> str | None:
     ):
         return REASON_AFFINITY
     return None
+
+
+def pod_counts(
+    term: PodAffinityTerm, nodes: Iterable[NodeFacts], residents: Mapping[str, Iterable[Identity]]
+) -> Counter[str]:
+    """How many pods the term selects in each domain (value of its topology key); pods on nodes
+    without the key are in no domain."""
+    counts: Counter[str] = Counter()
+    for node in nodes:
+        domain = node.labels.get(term.topology_key)
+        if domain is not None:
+            counts[domain] += sum(term.selects(pod) for pod in residents.get(node.name, ()))
+    return +counts  # drop the domains with none
+
+
+def affinity_allows(demand: PodDemand, node: NodeFacts, counts: Sequence[Counter[str]]) -> bool:
+    """kube-scheduler's InterPodAffinity filter for required podAffinity (`counts`: per term of
+    the demand, its `pod_counts`): every term's topology key on the node, and a selected pod in
+    the node's domain of each; or, when no term selects any pod anywhere, a pod that matches
+    its own terms goes anywhere."""
+    if not demand.pod_affinity:
+        return True
+    everywhere = True
+    for term, count in zip(demand.pod_affinity, counts, strict=True):
+        domain = node.labels.get(term.topology_key)
+        if domain is None:
+            return False
+        everywhere = everywhere and count[domain] > 0
+    return everywhere or (demand.self_affine and not any(count.total() for count in counts))
 
 
 def resource_reasons(demand: PodDemand, node: NodeFacts, used: Usage) -> tuple[str, ...]:
@@ -333,11 +414,46 @@ class _DemandState:
 class _Books:
     """What one call of `schedule` has placed so far, and learnt about each demand."""
 
-    def __init__(self, nodes: Sequence[NodeFacts], usage: Mapping[str, Usage]) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeFacts],
+        usage: Mapping[str, Usage],
+        residents: Mapping[str, Iterable[Identity]],
+    ) -> None:
         self.usage = usage
         self.used: dict[str, dict[str, int]] = {}
         self.ordered = sorted(nodes, key=lambda n: n.name)
         self.states: dict[PodDemand, _DemandState] = {}
+        self.residents = residents
+        self.arrived: dict[str, list[Identity]] = {}  # pods placed by this call, per node
+        self._counts: dict[PodAffinityTerm, Counter[str]] = {}
+
+    def counts(self, demand: PodDemand) -> list[Counter[str]]:
+        """Per podAffinity term of the demand, the pods it selects per domain, placed ones too;
+        counted once per term, then kept up to date by `arrive` and `leave`."""
+        found = []
+        for term in demand.pod_affinity:
+            count = self._counts.get(term)
+            if count is None:
+                count = pod_counts(term, self.ordered, self.residents)
+                count += pod_counts(term, self.ordered, self.arrived)
+                self._counts[term] = count
+            found.append(count)
+        return found
+
+    def arrive(self, node: NodeFacts, pod: Identity | None, step: int = 1) -> None:
+        """A pod placed on the node (step -1: taken off again) for the terms counted so far."""
+        if pod is None:
+            return
+        here = self.arrived.setdefault(node.name, [])
+        if step > 0:
+            here.append(pod)
+        else:
+            here.remove(pod)
+        for term, count in self._counts.items():
+            domain = node.labels.get(term.topology_key)
+            if domain is not None and term.selects(pod):
+                count[domain] += step
 
     def now(self, node: NodeFacts) -> Usage:
         return self.used.get(node.name) or self.usage.get(node.name) or {}
@@ -356,16 +472,47 @@ class _Books:
             state = self.states[demand] = _DemandState(feasible, rejected, list(feasible), positive)
         return state
 
+    def best_node(self, demand: PodDemand) -> NodeFacts | None:
+        """The best-scoring node a lone pod fits on; forgets the candidates too full for it."""
+        state = self.state_of(demand)
+        best: NodeFacts | None = None
+        best_score = (-1.0, -1.0)
+        fitting = []
+        counts = self.counts(demand)
+        for node in state.candidates:
+            current = self.now(node)
+            if not _fits(state.positive, node, current):
+                continue
+            fitting.append(node)  # the affinity's domains change as pods are placed
+            if not affinity_allows(demand, node, counts):
+                continue
+            score = packing_score(demand, node, current)
+            if score > best_score:  # strict: ties keep the earlier name
+                best, best_score = node, score
+        state.candidates = fitting
+        return best
+
     def failure(self, demand: PodDemand, seen: Callable[[NodeFacts], Usage]) -> str:
         state = self.state_of(demand)
         reasons = list(state.rejected)
+        counts = self.counts(demand)
         for node in state.feasible:
-            reasons.extend(resource_reasons(demand, node, seen(node)))
+            lacking = resource_reasons(demand, node, seen(node))
+            if lacking:
+                reasons.extend(lacking)
+            elif not affinity_allows(demand, node, counts):
+                reasons.append(REASON_POD_AFFINITY)
         return unschedulable_message(len(self.ordered), reasons)
 
-    def place_group(self, group: PodGroup, gang: Sequence[tuple[str, PodDemand]]) -> list[Decision]:
+    def place_group(
+        self,
+        group: PodGroup,
+        gang: Sequence[tuple[str, PodDemand]],
+        identities: Mapping[str, Identity],
+    ) -> list[Decision]:
         """Every pod of a group on a node, booked; or none, and why."""
         trial: dict[str, dict[str, int]] = {}
+        arrivals: list[tuple[NodeFacts, Identity | None]] = []
 
         def seen(node: NodeFacts) -> Usage:
             return trial.get(node.name) or self.now(node)
@@ -373,11 +520,14 @@ class _Books:
         chosen = []
         for key, demand in gang:
             state = self.state_of(demand)
+            counts = self.counts(demand)
             best: NodeFacts | None = None
             best_score = (-1.0, -1.0)
             # Candidates were pruned on booked usage only, which this trial only adds to.
             for node in state.candidates:
-                if _fits(state.positive, node, seen(node)):
+                if _fits(state.positive, node, seen(node)) and affinity_allows(
+                    demand, node, counts
+                ):
                     score = packing_score(demand, node, seen(node))
                     if score > best_score:
                         best, best_score = node, score
@@ -386,11 +536,15 @@ class _Books:
                     f"{self.failure(demand, seen)} The {group.size} pods of group {group.key} "
                     "are bound together or not at all: none is bound."
                 )
+                for node, pod in arrivals:
+                    self.arrive(node, pod, -1)
                 return [Decision(k, None, message) for k, _ in gang]
             placed = dict(seen(best))
             for resource, amount in demand.requests:
                 placed[resource] = placed.get(resource, 0) + amount
             trial[best.name] = placed
+            arrivals.append((best, identities.get(key)))
+            self.arrive(best, identities.get(key))
             chosen.append(Decision(key, best.name))
         self.used.update(trial)
         return chosen
@@ -402,6 +556,9 @@ def schedule(
     usage: Mapping[str, Usage],
     groups: Mapping[str, PodGroup] | None = None,
     bound: Mapping[str, int] | None = None,
+    *,
+    residents: Mapping[str, Iterable[Identity]] | None = None,
+    identities: Mapping[str, Identity] | None = None,
 ) -> list[Decision]:
     """Place pods in order, each seeing the nodes as the pods before it left them.
 
@@ -414,8 +571,12 @@ def schedule(
     A pod in `groups` (pod key -> its group) is placed with the rest of its group when the
     first of them comes in order: all of them, or none. `bound` counts the pods of each group
     already on a node; a group whose other pods do not exist yet waits (an empty message).
+
+    Required podAffinity terms read `residents` (the pods on each node, bound or assumed) and
+    the pods this call places (`identities`: pod key -> its namespace and labels).
     """
-    books = _Books(nodes, usage)
+    books = _Books(nodes, usage, residents or {})
+    identities = identities or {}
     failed: dict[PodDemand, str] = {}
     decisions = []
     last: tuple[PodDemand, NodeFacts] | None = None
@@ -434,7 +595,7 @@ def schedule(
             if len(gang) + (bound or {}).get(group.key, 0) < group.size:
                 decisions += [Decision(k, None) for k, _ in gang]
             else:
-                decisions += books.place_group(group, gang)
+                decisions += books.place_group(group, gang, identities)
             last = None
             continue
         if demand in failed:
@@ -449,17 +610,7 @@ def schedule(
         ):
             best = last[1]
         else:
-            best_score = (-1.0, -1.0)
-            fitting = []
-            for node in state.candidates:
-                current = books.now(node)
-                if not _fits(state.positive, node, current):
-                    continue
-                fitting.append(node)
-                score = packing_score(demand, node, current)
-                if score > best_score:  # strict: ties keep the earlier name
-                    best, best_score = node, score
-            state.candidates = fitting
+            best = books.best_node(demand)
         if best is None:
             message = failed[demand] = books.failure(demand, books.now)
             decisions.append(Decision(key, None, message))
@@ -469,6 +620,7 @@ def schedule(
         for resource, amount in demand.requests:
             placed[resource] = placed.get(resource, 0) + amount
         books.used[best.name] = placed
+        books.arrive(best, identities.get(key))
         decisions.append(Decision(key, best.name))
         last = (demand, best)
     return decisions

@@ -10,11 +10,12 @@ from typing import Any
 
 from pd_operator.api import PDDeployment
 from pd_operator.core import reasons
-from pd_operator.core.children import LWS_KIND, ROLES, PoolKey, workload_key
+from pd_operator.core.children import LWS_KIND, ROLES, PoolKey, revision, workload_key
 from pd_operator.core.naming import router_name
 from pd_operator.core.observe import PodSummary
 from pd_operator.core.profiles import unknown_profiles
 from pd_operator.core.reconcile import ChildKey, EventSpec, Problem, all_pools, replica_pods
+from pd_operator.core.rollout import Rollout
 from pd_operator.core.router import endpoint_url
 
 # Status fields that the autoscaler owns; carried over unchanged when it has nothing new.
@@ -169,10 +170,12 @@ def compute_status(
     previous: Mapping[str, Any],
     now: str,
     scaling: ScalingView | None = None,
+    rollout: Rollout | None = None,
 ) -> tuple[dict[str, Any], list[EventSpec]]:
     """The new status (wire form) and the events its transitions call for.
 
-    `scaling` is the autoscaler's latest view: its fields and conditions go into status as is.
+    `scaling` is the autoscaler's latest view: its fields and conditions go into status as is;
+    `rollout` the plan's rollout across roles (`core.rollout`), if one runs or just completed.
     """
     problems = list(problems)
     generation = pdd.metadata.generation
@@ -210,6 +213,7 @@ def compute_status(
 
     router = _router_status(pdd, children)
     waiting += _router_waiting(router)
+    waiting += _rollout_waiting(rollout)
     problems += _router_problems(pdd, children)
 
     before = {c["type"]: c for c in previous.get("conditions") or []}
@@ -270,6 +274,7 @@ def compute_status(
     if router is not None:
         status["endpoint"] = endpoint_url(pdd)
         status["router"] = router
+    status.update(_rollout_status(pdd, rollout, previous.get("rollout") or {}, now))
     status.update({k: previous[k] for k in FOREIGN_FIELDS if k in previous})
     if scaling is not None:
         _add_scaling(status, scaling)
@@ -280,6 +285,34 @@ def compute_status(
         ]
 
     return status, _stall_events(before, stalled, stall_message) + _profile_events(before, unknown)
+
+
+def _rollout_waiting(rollout: Rollout | None) -> list[str]:
+    if rollout is None or rollout.state != "Progressing":
+        return []
+    return [f"rollout: {rollout.message}"]
+
+
+def _rollout_status(
+    pdd: PDDeployment, rollout: Rollout | None, before: Mapping[str, Any], now: str
+) -> dict[str, Any]:
+    """{"rollout": ...}: the rollout the plan reports, with what only status remembers (its
+    start, the revision it replaced); once it is over, the last one, Complete; {} before the
+    first rollout."""
+    if rollout is None:
+        if not before or before.get("state") == "Complete":
+            return {"rollout": dict(before)} if before else {}
+        current = revision(pdd)  # a rollout given up (the spec went back): what serves now
+        return {"rollout": {**before, "revision": current, "state": "Complete", "message": ""}}
+    same = before.get("revision") == rollout.revision
+    result = {
+        "revision": rollout.revision,
+        "previousRevision": rollout.previous or (before.get("previousRevision") if same else None),
+        "state": rollout.state,
+        "message": rollout.message,
+        "startedAt": (before.get("startedAt") if same else None) or rollout.started_at or now,
+    }
+    return {"rollout": {key: value for key, value in result.items() if value is not None}}
 
 
 def _add_scaling(status: dict[str, Any], scaling: ScalingView) -> None:

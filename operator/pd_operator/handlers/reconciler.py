@@ -204,7 +204,15 @@ class Reconciler:
             )
             decisions = external.replicas
         plan = plan_children(
-            pdd, snapshot.children, snapshot.nodes, decisions, activator_image=self.activator_image
+            pdd,
+            snapshot.children,
+            snapshot.nodes,
+            decisions,
+            activator_image=self.activator_image,
+            # Free room limits a rollout's surge; without a node view it is unknown.
+            free=(lambda: free_capacity(snapshot.nodes, self.cache.all_pods()))
+            if snapshot.nodes
+            else None,
         )
         self._choose_removed(key, pdd, shrinking_pools(plan.apply, snapshot.children), snapshot)
         problems = list(plan.problems)
@@ -233,6 +241,7 @@ class Reconciler:
             previous=previous,
             now=self.clock(),
             scaling=view,
+            rollout=plan.rollout,
         )
         scaling_events = view.events if view else []
         self._report(body, previous, status, plan.events + events + scaling_events)

@@ -12,7 +12,7 @@ from pd_tools.cli.workload import Load, load_options, trace_requests
 
 if TYPE_CHECKING:
     from pd_operator.core.hardware import ModelProfile
-    from pd_tools.planner.sizing import Plan, Workload
+    from pd_tools.planner.sizing import DomainFit, Plan, Workload
     from pd_tools.workloads.traces import Request, TokenLengths
 
 PLAN_LENGTH_SAMPLES = 4000  # lengths drawn for `pdctl plan --length-cv`
@@ -104,8 +104,9 @@ def _lengths(load: Load, length_cv: float) -> "TokenLengths":
     )
 
 
-def plan_text(result: "Plan") -> str:
-    """The plan's pools as a table, with the predictions and the money underneath."""
+def plan_text(result: "Plan", domain: "DomainFit | None" = None) -> str:
+    """The plan's pools as a table, with the predictions and the money underneath, and how it
+    sits in topology domains when asked."""
     rows = [
         {
             "role": pool.role,
@@ -136,6 +137,21 @@ def plan_text(result: "Plan") -> str:
             f"{result.infeasible_share:.1%} of requests miss the TTFT target even alone on an "
             "idle replica: not planned for"
         )
+    if domain is not None:
+        lines.append(domain_text(domain))
+    return "\n".join(lines)
+
+
+def domain_text(domain: "DomainFit") -> str:
+    """Whether the plan fits one topology domain; if not, how many it needs and what one holds."""
+    size = f"{domain.nodes} node(s) of each card type"
+    if domain.domains <= 1:
+        return f"fits one topology domain of {size}"
+    lines = [f"needs {domain.domains} topology domains of {size}"]
+    if domain.within_one is None:
+        lines.append("within one domain no mix meets the SLO (spec.placement Required cannot)")
+    else:
+        lines += ["cheapest plan within one domain:", plan_text(domain.within_one)]
     return "\n".join(lines)
 
 
@@ -192,6 +208,14 @@ def plan_text(result: "Plan") -> str:
     help="the KV fabric between prefill and decode in GB/s: each prompt's KV cache crosses it "
     "inside the TTFT (default 100, as the engine simulator; e.g. 0.19 for a congested TCP link)",
 )
+@click.option(
+    "--domain-nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="nodes of each card type in one topology domain (a rack, an RDMA fabric; "
+    "spec.placement): say whether the plan fits one, how many it needs, and the cheapest plan "
+    "within one",
+)
 @click.option("--input-price", type=NON_NEGATIVE, default=8.0, help="per million input tokens")
 @click.option("--cached-price", type=NON_NEGATIVE, default=2.0, help="per million cached tokens")
 @click.option("--output-price", type=NON_NEGATIVE, default=8.0, help="per million output tokens")
@@ -228,6 +252,7 @@ def plan(
     candidate: tuple[str, ...],
     replay: bool,
     kv_link: float,
+    domain_nodes: int | None,
     input_price: float,
     cached_price: float,
     output_price: float,
@@ -252,6 +277,7 @@ def plan(
         Target,
         TokenPrices,
         deployment_document,
+        fit_domain,
         no_plan_reason,
         parse_candidate,
     )
@@ -304,6 +330,11 @@ def plan(
         print(f"pdctl plan: no candidate mix meets the SLO: {reason}", file=sys.stderr)
         return 1
     shortfall = replay_shortfall(replayed) if replayed is not None and not replayed.met else None
+    domain = (
+        None
+        if domain_nodes is None
+        else fit_domain(result, profile, candidates, domain_nodes, prices=prices)
+    )
     if output_format == "yaml":
         # No document to apply from a plan that misses: a pipeline that ignores the exit
         # status would deploy it.
@@ -317,9 +348,11 @@ def plan(
         summary = result.to_dict()
         if replayed is not None:
             summary["replay"] = replayed.to_dict()
+        if domain is not None:
+            summary["topology"] = domain.to_dict()
         print(json.dumps(summary, indent=2))
     else:
-        print(plan_text(result))
+        print(plan_text(result, domain))
         if replayed is not None:
             print(replay_table(replayed))
         elif requests:

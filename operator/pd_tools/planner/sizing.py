@@ -507,6 +507,67 @@ def plan(
 
 
 @dataclass(frozen=True)
+class DomainFit:
+    """How a plan sits in topology domains (racks, RDMA fabrics) of `nodes` nodes of each card
+    type, where `spec.placement` keeps prefill and decode together: the domains the plan needs,
+    and the cheapest plan that fits one (the plan itself when it does; None: none meets the SLO
+    within one domain)."""
+
+    nodes: int
+    domains: int
+    within_one: Plan | None
+
+    def to_dict(self) -> dict[str, Any]:
+        within = self.within_one
+        return {
+            "domain_nodes": self.nodes,
+            "domains": self.domains,
+            "within_one_domain": None if within is None else within.to_dict(),
+        }
+
+
+def domains_needed(result: Plan, nodes: int) -> int:
+    """Domains of `nodes` nodes per card type the plan's pools take: one replica pod per node,
+    both roles together, the card type that needs most."""
+    per_type: dict[str, int] = {}
+    for pool in result.pools:
+        name = pool.candidate.hardware.name
+        per_type[name] = per_type.get(name, 0) + pool.nodes
+    return max((math.ceil(count / nodes) for count in per_type.values()), default=0)
+
+
+def fit_domain(
+    result: Plan,
+    model: ModelProfile,
+    candidates: Sequence[Candidate],
+    nodes: int,
+    *,
+    prices: TokenPrices = TokenPrices(),
+) -> DomainFit:
+    """The plan against domains of `nodes` nodes per card type; when it needs more than one, the
+    search again with each card type capped at one domain's whole replicas."""
+    if nodes < 1:
+        raise ValueError("a domain holds at least one node")
+    needed = domains_needed(result, nodes)
+    if needed <= 1:
+        return DomainFit(nodes, needed, result)
+    capped = []
+    for candidate in (fitted(c, model) for c in candidates):
+        room = (nodes // candidate.nodes_per_replica) * candidate.replica_cards
+        limit = room if candidate.max_cards is None else min(room, candidate.max_cards)
+        capped.append(replace(candidate, max_cards=limit))
+    within = plan(
+        result.workload,
+        result.target,
+        model,
+        capped,
+        prices=prices,
+        link_bytes_per_second=result.link_bytes_per_second,
+    )
+    return DomainFit(nodes, needed, within)
+
+
+@dataclass(frozen=True)
 class _Shortfall:
     """Why the search found no plan: the role no mix serves ("prompts": none is served in time
     even alone), with the cards each capped type had left for it."""

@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from pd_operator.core.scheduling import (
+    Identity,
     NodeFacts,
     PodDemand,
     PodGroup,
@@ -68,6 +69,12 @@ class _Placement:
     confirmed: bool = False  # seen bound on the watch (else only assumed)
     expires: float = float("inf")  # when an unconfirmed placement is given up
     group: str = ""  # its LeaderWorkerSet group's key
+    pod: Identity = ("", {})  # its namespace and labels, for podAffinity terms
+
+
+def _identity(pod: Mapping[str, Any]) -> Identity:
+    meta = pod["metadata"]
+    return str(meta.get("namespace") or ""), meta.get("labels") or {}
 
 
 def _version(obj: Mapping[str, Any]) -> int:
@@ -96,6 +103,7 @@ class MockScheduler:
         self.pending: dict[str, PendingPod] = {}
         self.placed: dict[str, _Placement] = {}  # uid -> node, for bound and assumed pods
         self.usage: dict[str, dict[str, int]] = {}
+        self.residents: dict[str, dict[str, Identity]] = {}  # node -> uid -> pod, bound or assumed
         self.group_placed: dict[str, int] = {}  # group key -> its pods bound or assumed
         self.bound_times: list[float] = []  # time.monotonic() of each successful Binding
         self.passes = 0
@@ -203,6 +211,7 @@ class MockScheduler:
                         requests,
                         confirmed=True,
                         group=group.key if group else "",
+                        pod=_identity(pod),
                     ),
                 )
             else:
@@ -215,6 +224,7 @@ class MockScheduler:
         used = self.usage.setdefault(placement.node, {})
         for resource, amount in placement.requests.items():
             used[resource] = used.get(resource, 0) + amount
+        self.residents.setdefault(placement.node, {})[uid] = placement.pod
 
     def _release(self, uid: str) -> bool:
         placement = self.placed.pop(uid, None)
@@ -227,6 +237,10 @@ class MockScheduler:
         used = self.usage.get(placement.node, {})
         for resource, amount in placement.requests.items():
             used[resource] = used.get(resource, 0) - amount
+        residents = self.residents.get(placement.node, {})
+        residents.pop(uid, None)
+        if not residents:
+            self.residents.pop(placement.node, None)
         return True
 
     # -- scheduling --------------------------------------------------------------------------
@@ -259,13 +273,20 @@ class MockScheduler:
             self.usage,
             groups={p.uid: p.group for p in queue if p.group is not None},
             bound=self.group_placed,
+            residents={node: pods.values() for node, pods in self.residents.items()},
+            identities={p.uid: _identity(p.pod) for p in queue},
         )
         for decision in decisions:
             pending = self.pending[decision.key]
             if decision.node is not None:
                 pending.in_flight = True
                 group = pending.group.key if pending.group else ""
-                placement = _Placement(decision.node, dict(pending.demand.requests), group=group)
+                placement = _Placement(
+                    decision.node,
+                    dict(pending.demand.requests),
+                    group=group,
+                    pod=_identity(pending.pod),
+                )
                 self._book(pending.uid, placement)
                 self._pool.submit(self._bind, pending, decision.node)
             elif decision.message and decision.message != pending.message:
