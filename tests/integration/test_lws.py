@@ -371,3 +371,72 @@ def test_a_node_lost_from_a_running_group_is_reported_by_the_operator(
             lws_namespace, grace_period_seconds=0
         )
         virtual.stop()
+
+
+def test_a_group_that_cannot_be_placed_is_never_requested(
+    lws_cluster: LocalCluster, lws_api: client.ApiClient, lws_namespace: str
+) -> None:
+    # Three H200 nodes hold one 2-node decode replica, not two. A GitOps tool asks for three
+    # through the decode PDPool (scaling mode External): the operator runs the one that fits.
+    node_group = {"cpu": "32", "memory": "256Gi"}
+    profile = parse_profile({
+        "name": "few",
+        "nodeGroups": [
+            {"name": "s5000", "count": 1, **node_group, "accelerators": [
+                {"resourceName": "mthreads.com/gpu", "perNode": 8, "profile": "mtt-s5000"}]},
+            {"name": "h200", "count": 3, **node_group, "accelerators": [
+                {"resourceName": "nvidia.com/gpu", "perNode": 8, "profile": "h200"}]},
+        ],
+    })  # fmt: skip
+    virtual = VirtualCluster(
+        lws_api, profile, time_scale=0.01, name_prefix=f"{lws_namespace}-", namespace=lws_namespace
+    )
+    virtual.start()
+    running = RunningOperator(
+        str(lws_cluster.kubeconfig), namespaces=[lws_namespace], workers=2, resync_seconds=1
+    ).start()
+    custom = client.CustomObjectsApi(lws_api)
+    try:
+        document = minimal()
+        document["spec"]["scaling"] = {"mode": "External"}
+        for role in ("prefill", "decode"):
+            pool = document["spec"][role]["pools"][0]
+            pool["accelerator"]["perReplica"] = 8
+            pool["template"] = {"schedulerName": SCHEDULER_NAME}
+            pool["replicas"] = {"min": 1, "max": 4}
+        document["spec"]["decode"]["pools"][0]["accelerator"]["nodesPerReplica"] = 2
+        create_pdd(lws_api, lws_namespace, document)
+        wait_for(
+            lambda: (
+                len(g := pods_of(lws_api, lws_namespace, "minimal-decode-d")) == 2
+                and all(p.spec.node_name for p in g.values())
+            ),
+            what="the first decode group bound whole",
+        )
+        custom.patch_namespaced_custom_object(
+            "pdoperator.io", "v1alpha1", lws_namespace, "pdpools", "minimal-decode",
+            {"spec": {"replicas": 3}},
+        )  # fmt: skip
+
+        def overridden() -> dict[str, Any] | None:
+            status = get_pdd(lws_api, lws_namespace, "minimal").get("status") or {}
+            entries = {e["role"]: e for e in status.get("externalScaling") or []}
+            decode = entries.get("decode") or {}
+            return decode if decode.get("requestedReplicas") == 3 else None
+
+        entry = wait_for(overridden, what="the PDPool's request of 3 in status")
+        assert (entry["replicas"], entry["limitedBy"]) == (1, "capacity"), entry
+        assert entry["message"] == "decode: PDPool asks 3, capacity allows 1", entry
+        # Nothing beyond the one group was asked of LWS, so no pod waits for nodes.
+        time.sleep(2)
+        lws = custom.get_namespaced_custom_object(
+            GROUP, VERSION, lws_namespace, PLURAL, "minimal-decode-d"
+        )
+        assert lws["spec"]["replicas"] == 1
+        assert len(pods_of(lws_api, lws_namespace, "minimal-decode-d")) == 2
+    finally:
+        running.stop()
+        client.CoreV1Api(lws_api).delete_collection_namespaced_pod(
+            lws_namespace, grace_period_seconds=0
+        )
+        virtual.stop()
