@@ -10,7 +10,6 @@ raises both pools to one replica, as the operator's wake-up will, and the held r
 completes; it prints the cold start's time to first token.
 """
 
-import copy
 import json
 import threading
 import time
@@ -29,36 +28,21 @@ from pd_operator.core.naming import deployment_name
 from pd_operator.core.reconcile import ANNOTATION_DESIRED_REPLICAS
 from pd_operator.core.router import ACTIVATOR_METRICS_PORT, INTERNAL_PORT
 from pd_tools.simcluster.pod_processes import service_urls
-from pd_tools.simcluster.scheduler import SCHEDULER_NAME
 from pd_tools.simcluster.virtual import VirtualCluster
-from pdcases import ROOT, load_sample
+from servingcases import MODEL, NAME, serving_cluster
+from servingcases import pdd_body as serving_body
 
 pytestmark = pytest.mark.integration
 
-SERVING = ROOT / "config" / "clusters" / "serving.yaml"
-NAME = "chat"
-MODEL = "zai-org/GLM-4.6-FP8"  # the sample's
-TIME_SCALE = 0.02  # model load 50x faster than the wall clock, as in test_serving.py
 OUTPUT_TOKENS = 12
 
 
 def pdd_body(engine: str = "VLLM") -> dict[str, Any]:
-    """The sample on the mock scheduler, both pools 0..1, replicas moved by the test only."""
-    body = copy.deepcopy(load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"))
-    body["metadata"]["name"] = NAME
-    spec = body["spec"]
-    spec["model"]["engine"] = engine
-    spec["kvTransfer"] = {"connector": "NIXL", "protocol": "TCP", "cacheDtype": "FP8"}
+    """The serving sample with scale to zero: both pools 0..1, replicas moved by the test."""
+    body = serving_body(engine=engine)
     for role in ("prefill", "decode"):
-        (pool,) = spec[role]["pools"]
-        pool["template"] = {**pool.get("template", {}), "schedulerName": SCHEDULER_NAME}
-        pool["replicas"] = {"min": 0, "max": 1}
-    spec["scaling"] = {"mode": "Disabled", "idleSeconds": 300}
-    spec["termination"] = {"drainSeconds": 0}
-    spec["router"] = {
-        "enabled": True,
-        "template": {"schedulerName": SCHEDULER_NAME, "resources": {"requests": {"cpu": "1"}}},
-    }
+        body["spec"][role]["pools"][0]["replicas"] = {"min": 0, "max": 1}
+    body["spec"]["scaling"] = {"mode": "Disabled", "idleSeconds": 300}
     return body
 
 
@@ -71,14 +55,7 @@ def operator(cluster, namespace) -> Iterator[RunningOperator]:
 
 @pytest.fixture
 def virtual(api_client, namespace, tmp_path: Path) -> Iterator[VirtualCluster]:
-    cluster = VirtualCluster(
-        api_client,
-        SERVING,
-        time_scale=TIME_SCALE,
-        name_prefix=f"{namespace}-",
-        namespace=namespace,
-        serve_dir=tmp_path / "pods",
-    )
+    cluster = serving_cluster(api_client, namespace, tmp_path)
     with cluster:
         yield cluster
         client.CoreV1Api(api_client).delete_collection_namespaced_pod(
@@ -263,11 +240,9 @@ def test_the_operator_wakes_both_pools_for_a_held_request_and_takes_them_back_to
         "intervalSeconds": 5,
         "prometheus": {"url": prometheus.url},
     }
-    virtual = VirtualCluster(
-        api_client, SERVING, time_scale=TIME_SCALE, name_prefix=f"{namespace}-",
-        namespace=namespace, serve_dir=tmp_path / "pods",
-        sd_file=prometheus.targets_dir / f"{namespace}.json",
-    )  # fmt: skip
+    virtual = serving_cluster(
+        api_client, namespace, tmp_path, sd_file=prometheus.targets_dir / f"{namespace}.json"
+    )
     running = RunningOperator(str(cluster.kubeconfig), namespaces=[namespace], workers=2)
     with virtual:
         running.start()

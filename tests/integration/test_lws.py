@@ -315,13 +315,14 @@ def test_the_mock_scheduler_binds_a_group_whole_or_leaves_all_of_it_pending(
         virtual.stop()
 
 
-def test_a_node_lost_from_a_running_group_is_reported_by_the_operator(
-    lws_cluster: LocalCluster, lws_api: client.ApiClient, lws_namespace: str
-) -> None:
-    # One S5000 node for prefill; three H200 nodes, a decode replica spans two of them.
+def operator_on_nodes(
+    lws_cluster: LocalCluster, api: client.ApiClient, namespace: str, name: str
+) -> tuple[VirtualCluster, RunningOperator]:
+    """One 8-card S5000 node and three 8-card H200 nodes on the mock scheduler, and the
+    operator watching `namespace`; both started (the caller stops them)."""
     node_group = {"cpu": "32", "memory": "256Gi"}
     profile = parse_profile({
-        "name": "lost",
+        "name": name,
         "nodeGroups": [
             {"name": "s5000", "count": 1, **node_group, "accelerators": [
                 {"resourceName": "mthreads.com/gpu", "perNode": 8, "profile": "mtt-s5000"}]},
@@ -330,12 +331,20 @@ def test_a_node_lost_from_a_running_group_is_reported_by_the_operator(
         ],
     })  # fmt: skip
     virtual = VirtualCluster(
-        lws_api, profile, time_scale=0.01, name_prefix=f"{lws_namespace}-", namespace=lws_namespace
+        api, profile, time_scale=0.01, name_prefix=f"{namespace}-", namespace=namespace
     )
     virtual.start()
     running = RunningOperator(
-        str(lws_cluster.kubeconfig), namespaces=[lws_namespace], workers=2, resync_seconds=1
+        str(lws_cluster.kubeconfig), namespaces=[namespace], workers=2, resync_seconds=1
     ).start()
+    return virtual, running
+
+
+def test_a_node_lost_from_a_running_group_is_reported_by_the_operator(
+    lws_cluster: LocalCluster, lws_api: client.ApiClient, lws_namespace: str
+) -> None:
+    # One S5000 node for prefill; three H200 nodes, a decode replica spans two of them.
+    virtual, running = operator_on_nodes(lws_cluster, lws_api, lws_namespace, "lost")
     try:
         document = minimal()
         document["spec"]["scaling"] = {"mode": "Disabled"}
@@ -378,23 +387,7 @@ def test_a_group_that_cannot_be_placed_is_never_requested(
 ) -> None:
     # Three H200 nodes hold one 2-node decode replica, not two. A GitOps tool asks for three
     # through the decode PDPool (scaling mode External): the operator runs the one that fits.
-    node_group = {"cpu": "32", "memory": "256Gi"}
-    profile = parse_profile({
-        "name": "few",
-        "nodeGroups": [
-            {"name": "s5000", "count": 1, **node_group, "accelerators": [
-                {"resourceName": "mthreads.com/gpu", "perNode": 8, "profile": "mtt-s5000"}]},
-            {"name": "h200", "count": 3, **node_group, "accelerators": [
-                {"resourceName": "nvidia.com/gpu", "perNode": 8, "profile": "h200"}]},
-        ],
-    })  # fmt: skip
-    virtual = VirtualCluster(
-        lws_api, profile, time_scale=0.01, name_prefix=f"{lws_namespace}-", namespace=lws_namespace
-    )
-    virtual.start()
-    running = RunningOperator(
-        str(lws_cluster.kubeconfig), namespaces=[lws_namespace], workers=2, resync_seconds=1
-    ).start()
+    virtual, running = operator_on_nodes(lws_cluster, lws_api, lws_namespace, "few")
     custom = client.CustomObjectsApi(lws_api)
     try:
         document = minimal()

@@ -69,6 +69,14 @@ async def serving(fake: "FakeRouter") -> TestServer:
     return router
 
 
+async def until(metrics: ActivatorMetrics, name: str, wanted: float) -> None:
+    """Wait (2 s at most) for a series to read `wanted`; the test's assertion says if not."""
+    for _ in range(100):
+        if metrics.registry.get_sample_value(name) == wanted:
+            return
+        await asyncio.sleep(0.02)
+
+
 def value(metrics: ActivatorMetrics, name: str) -> float:
     sample = metrics.registry.get_sample_value(name)
     assert sample is not None, name
@@ -84,10 +92,7 @@ async def test_a_request_is_held_while_the_router_has_no_workers_and_streamed_on
             call = asyncio.ensure_future(
                 session.post(proxy.make_url("/v1/completions"), json={"prompt": "hi"})
             )
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if value(metrics, "pd_activator_pending_requests") == 1:
-                    break
+            await until(metrics, "pd_activator_pending_requests", 1)
             assert value(metrics, "pd_activator_pending_requests") == 1
             assert value(metrics, "pd_activator_in_flight_requests") == 1
             fake.workers = True
@@ -156,10 +161,7 @@ async def test_no_more_than_max_held_requests_wait():
     try:
         async with aiohttp.ClientSession() as session:
             first = asyncio.ensure_future(session.post(proxy.make_url("/a"), data=b"1"))
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if value(metrics, "pd_activator_pending_requests") == 1:
-                    break
+            await until(metrics, "pd_activator_pending_requests", 1)
             async with session.post(proxy.make_url("/b"), data=b"2") as second:
                 assert second.status == 503
                 assert "already waiting" in (await second.json())["error"]["message"]
@@ -222,15 +224,9 @@ async def test_a_held_request_whose_client_hangs_up_is_dropped_and_never_forward
             call = asyncio.ensure_future(
                 session.post(proxy.make_url("/v1/completions"), json={"prompt": "hi"})
             )
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if value(metrics, "pd_activator_pending_requests") == 1:
-                    break
+            await until(metrics, "pd_activator_pending_requests", 1)
             call.cancel()
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if value(metrics, "pd_activator_in_flight_requests") == 0:
-                break
+        await until(metrics, "pd_activator_in_flight_requests", 0)
         assert value(metrics, "pd_activator_pending_requests") == 0
         assert value(metrics, "pd_activator_in_flight_requests") == 0
         calls = fake.calls
