@@ -59,14 +59,13 @@ def test_one_replica_works_and_a_standby_takes_over_when_it_stops(cluster, api_c
         assert time.monotonic() - stopped < FAST.duration
         assert holder(api_client, namespace) == second.state.lease.identity
 
-        # The new leader reconciles: the model's new image reaches the decode pool (prefill
-        # runs its pool's own image).
+        # The new leader reconciles: the model's new image starts the new revision beside the
+        # old one (a rollout across roles; no kubelet runs here, so it goes no further), and
+        # the old revision keeps its image (prefill runs its pool's own image throughout).
+        before = images(api_client, namespace)
         patch_pdd(api_client, namespace, "glm-hetero", {"spec": {"model": {"image": "img:2"}}})
         wait_for(
-            lambda: (
-                images(api_client, namespace)
-                == {"img:2", "registry.mthreads.com/mcconline/vllm-musa:v0.11.0"}
-            ),
+            lambda: images(api_client, namespace) == {"img:2", *before},
             what="the new leader's rollout",
         )
     finally:
