@@ -47,3 +47,9 @@ def allocatable(node: NodeSummary, resource: str) -> Decimal:
     """A node's allocatable amount of a resource (0 when it has none)."""
     value = node.allocatable.get(resource)
     return parse_quantity(value) if value is not None else Decimal(0)
+
+
+def advertised(nodes: Iterable[NodeSummary], resource: str) -> bool:
+    """Some node offers the resource at all. Room is judged only then: in clusters whose
+    accelerator nodes come and go (cluster autoscaler), an empty view proves nothing."""
+    return any(allocatable(node, resource) > 0 for node in nodes)

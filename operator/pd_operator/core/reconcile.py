@@ -30,7 +30,7 @@ from pd_operator.core.children import (
 from pd_operator.core.decision import DecidedReplicas, PoolObservation
 from pd_operator.core.naming import deployment_name
 from pd_operator.core.observe import NodeSummary, PodSummary
-from pd_operator.core.placement import allocatable, node_admits
+from pd_operator.core.placement import advertised, allocatable, node_admits
 from pd_operator.core.quantity import same_quantity
 from pd_operator.core.rollout import Rollout, plan_rollout, surge
 from pd_operator.core.router import DEFAULT_ACTIVATOR_IMAGE, router_children
@@ -217,7 +217,7 @@ def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
     accelerator nodes come and go (cluster autoscaler), an empty view proves nothing.
     """
     resource, needed = pool.accelerator.resource_name, pool.accelerator.per_replica
-    if not any(allocatable(node, resource) > 0 for node in nodes):
+    if not advertised(nodes, resource):
         return None
     admitting = [node for node in nodes if node_admits(pool, node)]
     largest = max((allocatable(node, resource) for node in admitting), default=0)
@@ -230,9 +230,7 @@ def unplaceable(pool: PoolSpec, nodes: Sequence[NodeSummary]) -> str | None:
     # Other devices (an RDMA HCA) on the same node, each judged like the cards: only once some
     # node advertises it at all.
     devices = {
-        name: count
-        for name, count in pool.accelerator.devices.items()
-        if any(allocatable(node, name) > 0 for node in nodes)
+        name: count for name, count in pool.accelerator.devices.items() if advertised(nodes, name)
     }
     wants = {resource: needed, **devices}
     # Pods of one group share a node only where it has room for each of them.

@@ -29,7 +29,7 @@ from pd_operator.core.children import (
     workload_key,
 )
 from pd_operator.core.naming import bounded_name, router_name
-from pd_operator.core.placement import allocatable
+from pd_operator.core.placement import advertised
 
 ChildKey = tuple[str, str, str]
 RolloutState = Literal["Progressing", "Complete", "Stalled"]
@@ -222,9 +222,8 @@ def _progress(
 
 def _judged(ledger: FreeCapacity, pool: PoolSpec) -> bool:
     """Free room is judged only once some node advertises the pool's cards at all (as in
-    `reconcile.unplaceable`): clusters whose accelerator nodes come and go prove nothing."""
-    resource = pool.accelerator.resource_name
-    return any(allocatable(room.node, resource) > 0 for room in ledger.rooms)
+    `reconcile.unplaceable`)."""
+    return advertised((room.node for room in ledger.rooms), pool.accelerator.resource_name)
 
 
 def _finishing(

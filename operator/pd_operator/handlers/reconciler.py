@@ -5,6 +5,7 @@ on the API.
 """
 
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -191,6 +192,9 @@ class Reconciler:
             self._report(body, previous, status, events)
             return
 
+        # Free room: External mode's decision and a rollout's surge read it; built once, and
+        # only when one of them asks (it walks every pod in the cache).
+        free = functools.cache(lambda: free_capacity(snapshot.nodes, self.cache.all_pods()))
         external: ExternalDecision | None = None
         decisions = self.decisions(key) if self.decisions else None
         if pdd.spec.scaling.mode == "External":
@@ -200,7 +204,7 @@ class Reconciler:
                 pdd,
                 requested_replicas(pdd, snapshot.children),
                 pool_observations(pdd, snapshot.children, snapshot.pods, count_bound=True),
-                free_capacity(snapshot.nodes, self.cache.all_pods()),
+                free(),
             )
             decisions = external.replicas
         plan = plan_children(
@@ -210,9 +214,7 @@ class Reconciler:
             decisions,
             activator_image=self.activator_image,
             # Free room limits a rollout's surge; without a node view it is unknown.
-            free=(lambda: free_capacity(snapshot.nodes, self.cache.all_pods()))
-            if snapshot.nodes
-            else None,
+            free=free if snapshot.nodes else None,
         )
         self._choose_removed(key, pdd, shrinking_pools(plan.apply, snapshot.children), snapshot)
         problems = list(plan.problems)
