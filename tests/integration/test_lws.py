@@ -406,6 +406,13 @@ def test_a_group_that_cannot_be_placed_is_never_requested(
             ),
             what="the first decode group bound whole",
         )
+        wait_for(
+            lambda: custom.list_namespaced_custom_object(
+                "pdoperator.io", "v1alpha1", lws_namespace, "pdpools",
+                field_selector="metadata.name=minimal-decode",
+            )["items"],
+            what="the decode PDPool",
+        )  # fmt: skip
         custom.patch_namespaced_custom_object(
             "pdoperator.io", "v1alpha1", lws_namespace, "pdpools", "minimal-decode",
             {"spec": {"replicas": 3}},
