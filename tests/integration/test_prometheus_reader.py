@@ -121,6 +121,43 @@ def test_the_kv_hand_off_is_read_from_the_connector_or_inferred(prometheus, engi
     assert inferred.value == pytest.approx(3.5)  # 5 s TTFT less 1 s queue and 0.5 s prefill
 
 
+def test_each_pool_of_a_role_is_read_on_its_own_and_the_role_as_their_sum(prometheus, engines):
+    """Two prefill pools on different cards: each pool's TTFT and prompt tokens come back under
+    its `pool` label, and the role's prompt tokens are both pools' together."""
+    labels = {"namespace": "ns", "deployment": "mixed", "role": "prefill"}
+    slow = engines("mixed-s5000", {**labels, "pool": "s5000"})
+    fast = engines("mixed-h200", {**labels, "pool": "h200"})
+    reader = PrometheusReader(prometheus.url)
+
+    def observe_and_read():
+        for _ in range(20):
+            slow.ttft.labels(model_name="m").observe(3.0)
+            fast.ttft.labels(model_name="m").observe(0.3)
+        slow.prompt.labels(model_name="m").inc(1000)
+        fast.prompt.labels(model_name="m").inc(3000)
+        signals, report = reader.read([target("mixed")])
+        prefill = signals[("ns", "mixed", "prefill")]
+        pools = prefill.pools
+        ready = set(pools) == {"s5000", "h200"} and all(
+            read.kind is ReadingKind.VALUE
+            for pool in pools.values()
+            for read in (pool.latency_seconds, pool.served_tokens_per_second)
+        )
+        return (prefill, report) if ready else None
+
+    prefill, report = wait_for(observe_and_read, timeout=40, interval=1, what="per-pool reads")
+    pools = prefill.pools
+    assert 2.5 <= pools["s5000"].latency_seconds.value <= 5.0
+    assert 0.25 <= pools["h200"].latency_seconds.value <= 0.5
+    # Each pool's prompt tokens (scraped on each engine's own schedule), and the role's rate is
+    # theirs summed, from the same query.
+    slow_rate = pools["s5000"].served_tokens_per_second.value
+    fast_rate = pools["h200"].served_tokens_per_second.value
+    assert slow_rate > 0 and fast_rate > 0
+    assert prefill.prompt_tokens_per_second.value == pytest.approx(slow_rate + fast_rate)
+    assert report.errors == []
+
+
 def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, engines):
     engines("one-decode", {"namespace": "ns", "deployment": "one", "role": "decode"}).itl.labels(
         model_name="m"
@@ -136,7 +173,8 @@ def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, en
         return (few, many) if few.adapters and many.adapters else None
 
     few, many = wait_for(both_reads, timeout=20, what="two reads that both see the engine")
-    assert many.queries == few.queries <= 16, (few, many)  # detection + 15 signals
+    # Detection + 15 signals + each role's latency per pool.
+    assert many.queries == few.queries <= 18, (few, many)
 
 
 def test_an_engine_without_series_is_unavailable_and_names_what_was_looked_for(prometheus, engines):

@@ -165,6 +165,38 @@ def test_the_simulator_runs_the_operator_s_decide_unchanged() -> None:
         state = decision.state
 
 
+def test_a_role_of_two_pools_is_scraped_per_pool_as_the_pool_label_gives_it() -> None:
+    """Prefill on S5000 and on H200 nodes: the policy's view has each pool's own TTFT and
+    prompt tokens (what it learns each pool's capacity from), summing to the role's."""
+    spec = make_spec()
+    s5000 = spec.prefill.pools[0]
+    h200 = s5000.model_copy(
+        update={
+            "name": "h200",
+            "accelerator": spec.decode.pools[0].accelerator,
+            "replicas": s5000.replicas.model_copy(update={"min": 1}),
+        }
+    )
+    spec = spec.model_copy(
+        update={"prefill": spec.prefill.model_copy(update={"pools": [s5000, h200]})}
+    )
+    recorder = Recorder(30.0)
+    simulate(spec, load([1.0], step_s=600.0), recorder, model=GLM_45_FP8)
+    read = [
+        view.observation.signals["prefill"]
+        for view, _ in recorder.calls
+        if "prefill" in view.observation.signals
+        and set(view.observation.signals["prefill"].pools) == {"s5000", "h200"}
+    ]
+    assert len(read) > 10
+    for signals in read:
+        pools = signals.pools
+        served = sum(p.served_tokens_per_second.value or 0.0 for p in pools.values())
+        assert served == pytest.approx(signals.prompt_tokens_per_second.value, rel=1e-6)
+    # Both pools served: the router spreads prompts over every Ready prefill replica.
+    assert all((p.served_tokens_per_second.value or 0.0) > 0 for p in read[-1].pools.values())
+
+
 def test_the_operator_grows_prefill_when_load_triples_and_shrinks_after() -> None:
     result = simulate(
         make_spec(), load([0.5, 3.0, 3.0, 0.5, 0.5, 0.5]), "pd-operator", model=GLM_45_FP8

@@ -13,10 +13,18 @@ from pd_operator.core.learning import (
     latency_evidence,
     seed_capacity,
 )
+from pd_operator.core.learning import seeds as learning_seeds
 from pd_operator.core.policy import Decision, Observation, decide
 from pd_operator.core.policy_state import PolicyState, RoleMemory
 from pd_operator.core.resolved import resolve
-from pd_operator.core.signals import LATENCY_BUCKETS, NO_TRAFFIC, Reading, bucket_of, unavailable
+from pd_operator.core.signals import (
+    LATENCY_BUCKETS,
+    NO_TRAFFIC,
+    PoolSignals,
+    Reading,
+    bucket_of,
+    unavailable,
+)
 from pd_operator.core.tuning import TUNING
 from pd_tools.enginesim.engine import PDEngine, ReplicaSpec
 from pd_tools.enginesim.engine import Role as EngineRole
@@ -24,6 +32,7 @@ from pd_tools.workloads.traces import Request
 from policycases import (
     INTERVAL,
     PROFILED,
+    PROFILED_CHANGES,
     SPEC,
     T0,
     calibrated,
@@ -34,6 +43,78 @@ from policycases import (
     seed,
     spec_of,
 )
+
+# ---------------------------------------------------------------- per pool
+# Prefill on two kinds of card, each with its profile: S5000 nodes and spare H200s.
+TWO_PREFILL_CARDS = spec_of(
+    {
+        **PROFILED_CHANGES,
+        "prefill.pools": [
+            {"name": "s5000", "accelerator": PROFILED_CHANGES["prefill.pools.0.accelerator"]},
+            {
+                "name": "h200",
+                "accelerator": PROFILED_CHANGES["decode.pools.0.accelerator"],
+                "replicas": {"min": 1, "max": 10},
+            },
+        ],
+    }
+)
+TWO_CARD_REPLICAS: dict[tuple[Role, str], int] = {
+    ("prefill", "s5000"): 2,
+    ("prefill", "h200"): 2,
+    ("decode", "d"): 2,
+}
+
+
+def _prefill_estimates(state: PolicyState) -> dict[str, float]:
+    found = {p: state.pool("prefill", p).capacity_per_replica for p in ("s5000", "h200")}
+    assert all(v is not None for v in found.values()), found
+    return {p: float(v or 0) for p, v in found.items()}
+
+
+def test_each_prefill_pool_learns_its_own_capacity_from_its_own_signals():
+    # The profiles' seeds for the 1000-token prompts observed.
+    seeds = learning_seeds(resolve(TWO_PREFILL_CARDS), "prefill", 1000)
+    # The S5000 replicas serve half what their profile says, in breach with a queue a whole
+    # TTFT target long; the H200 replicas serve half theirs too, well under the target: they
+    # were not asked more.
+    served = {pool: 2 * 0.5 * seeds[pool] for pool in seeds}
+    target = TWO_PREFILL_CARDS.slo.ttft.target_milliseconds / 1000
+    queue = 2 * sum(served.values()) * target / 1000
+    breach = {"ratio": 2.0, "tokens": sum(served.values()), "queue": queue}
+    base = observe(TWO_PREFILL_CARDS, T0, TWO_CARD_REPLICAS, prefill=breach)
+    per_pool = {
+        "s5000": PoolSignals(Reading.of(2.0 * target), Reading.of(served["s5000"])),
+        "h200": PoolSignals(Reading.of(0.5 * target), Reading.of(served["h200"])),
+    }
+    read = Observation(
+        {**base.signals, "prefill": replace(base.signals["prefill"], pools=per_pool)},
+        base.pools,
+        base.capacity,
+    )
+
+    without = decide(TWO_PREFILL_CARDS, base, PolicyState(), T0)
+    assert without is not None
+    # One role-wide factor: both pools are cut by the same measure, the H200s for nothing.
+    cut = _prefill_estimates(without.state)
+    assert cut["s5000"] / seeds["s5000"] == pytest.approx(cut["h200"] / seeds["h200"])
+    assert cut["h200"] == pytest.approx(0.5 * seeds["h200"], rel=0.01)
+
+    with_pools = decide(TWO_PREFILL_CARDS, read, PolicyState(), T0)
+    assert with_pools is not None
+    own = _prefill_estimates(with_pools.state)
+    assert own["s5000"] == pytest.approx(0.5 * seeds["s5000"], rel=0.01)
+    assert own["h200"] == pytest.approx(seeds["h200"], rel=0.01)
+
+    # Each pool keeps its own correction through the stored state and a quiet interval (in
+    # which the seeds follow the default prompt length, both pools alike).
+    stored = PolicyState.from_dict(with_pools.state.to_dict())
+    later = T0 + INTERVAL
+    quiet = observe(TWO_PREFILL_CARDS, later, TWO_CARD_REPLICAS, prefill={"ratio": None})
+    kept = decide(TWO_PREFILL_CARDS, quiet, stored, later)
+    assert kept is not None
+    again = _prefill_estimates(kept.state)
+    assert again["s5000"] / again["h200"] == pytest.approx(own["s5000"] / own["h200"], rel=0.01)
 
 
 # ---------------------------------------------------------------- corrections

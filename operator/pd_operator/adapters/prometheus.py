@@ -23,6 +23,7 @@ from pd_operator.core.seasonal import HORIZON_SECONDS, STEP_SECONDS, Season, sea
 from pd_operator.core.signals import (
     NO_TRAFFIC,
     NOT_READ,
+    PoolSignals,
     Reading,
     RoleSignals,
     RouterTraffic,
@@ -46,6 +47,11 @@ OPTIONAL_SIGNALS = frozenset(
 )
 # Reads that only make up `RoleSignals.kv_transfer_seconds` (`signals.hand_off_seconds`).
 HAND_OFF_PARTS = ("queue_mean", "prefill_mean", "connector_mean")
+# Read per pool (`signals.PoolSignals`): each role's latency percentile, and the token counter
+# it serves, whose pools are summed for the role's own reading (no query of its own for that).
+POOL_LATENCY = "pool_latency_seconds"
+SERVED_COUNTER = {"prefill": "prompt_tokens_per_second", "decode": "generation_tokens_per_second"}
+PER_POOL = frozenset({POOL_LATENCY, *SERVED_COUNTER.values()})
 
 
 @dataclass(frozen=True)
@@ -276,10 +282,18 @@ class PrometheusReader:
             query = promql.quantile_query(adapter.ttft_histogram, "prefill", percentile, window)
             keys = keys_where(ttft_percentile=percentile, window_seconds=window)
             jobs.append(("ttft_seconds", ("prefill",), query, keys))
+            query = promql.quantile_query(
+                adapter.ttft_histogram, "prefill", percentile, window, per_pool=True
+            )
+            jobs.append((POOL_LATENCY, ("prefill",), query, keys))
         for percentile, window in sorted({(t.itl_percentile, t.window_seconds) for t in targets}):
             query = promql.quantile_query(adapter.itl_histogram, "decode", percentile, window)
             keys = keys_where(itl_percentile=percentile, window_seconds=window)
             jobs.append(("itl_seconds", ("decode",), query, keys))
+            query = promql.quantile_query(
+                adapter.itl_histogram, "decode", percentile, window, per_pool=True
+            )
+            jobs.append((POOL_LATENCY, ("decode",), query, keys))
         for window in sorted({t.window_seconds for t in targets}):
             keys = keys_where(window_seconds=window)
             for role in ("prefill", "decode"):
@@ -293,7 +307,7 @@ class PrometheusReader:
                 ("generation_tokens_per_second", adapter.generation_tokens),
             ):
                 if counter:
-                    query = promql.counter_rate_query(counter, window)
+                    query = promql.counter_rate_query(counter, window, per_pool=True)
                     jobs.append((signal, ("prefill", "decode"), query, keys))
             if adapter.cached_prompt_tokens:
                 query = promql.counter_rate_query(adapter.cached_prompt_tokens, window)
@@ -319,9 +333,12 @@ class PrometheusReader:
                              promql.gauge_query(gauge, aggregate), all_keys))  # fmt: skip
 
         results = self._query_all([query for _, _, query, _ in jobs], report)
+        pools: dict[RoleKey, dict[str, dict[str, Reading]]] = {}  # PoolSignals fields by pool
         for (signal, roles, query, keys), result in zip(jobs, results, strict=True):
             for role in roles:
-                found = _by_role(result, role) if result is not None else {}
+                found = _found(signal, role, result, pools)
+                if found is None:
+                    continue
                 for namespace, name in keys:
                     key = (namespace, name, role)
                     reading = found.get(key)
@@ -338,12 +355,60 @@ class PrometheusReader:
                 ttft_mean = read.get("mean_latency_seconds", NOT_READ)
                 read["kv_transfer_seconds"] = hand_off_seconds(ttft_mean, queue, compute, connector)
         return {
-            (t.namespace, t.name, role): RoleSignals(
-                sample_time=now, **values.get((t.namespace, t.name, role), {})
+            key: RoleSignals(
+                sample_time=now, pools=_pool_signals(pools.get(key, {})), **values.get(key, {})
             )
             for t in targets
             for role in ("prefill", "decode")
+            if (key := (t.namespace, t.name, role))
         }
+
+
+def _found(
+    signal: str,
+    role: str,
+    result: list[dict[str, Any]] | None,
+    pools: dict[RoleKey, dict[str, dict[str, Reading]]],
+) -> dict[RoleKey, Reading] | None:
+    """One query's readings of one role by object, and (into `pools`) by pool where the query
+    is per pool; None for a query read only per pool."""
+    if signal not in PER_POOL or (not result and signal != POOL_LATENCY):
+        return _by_role(result, role) if result is not None else {}
+    per_pool = _by_pool(result or [], role)
+    if signal in (POOL_LATENCY, SERVED_COUNTER[role]):
+        field_name = "latency_seconds" if signal == POOL_LATENCY else "served"
+        for key, readings in per_pool.items():
+            for pool, reading in readings.items():
+                pools.setdefault(key, {}).setdefault(pool, {})[field_name] = reading
+    if signal == POOL_LATENCY:
+        return None
+    return {key: _sum(readings.values()) for key, readings in per_pool.items()}
+
+
+def _by_pool(result: list[dict[str, Any]], role: str) -> dict[RoleKey, dict[str, Reading]]:
+    """The series of one role by object and pool (a series without the label: pool "")."""
+    found: dict[RoleKey, dict[str, Reading]] = {}
+    for series in result:
+        labels = series["metric"]
+        if labels.get("role") == role:
+            key = (labels.get("namespace", ""), labels.get("deployment", ""), role)
+            found.setdefault(key, {})[labels.get("pool", "")] = _reading(series["value"][1])
+    return found
+
+
+def _sum(readings: Iterable[Reading]) -> Reading:
+    """Rates of an object's pools, summed (one that is not a value is left out)."""
+    values = [r.value for r in readings if r.value is not None]
+    return Reading.of(sum(values)) if values else unavailable("no pool's rate is a value")
+
+
+def _pool_signals(found: dict[str, dict[str, Reading]]) -> dict[str, PoolSignals]:
+    """Named pools with both reads (series without the `pool` label are no pool)."""
+    return {
+        pool: PoolSignals(read["latency_seconds"], read["served"])
+        for pool, read in found.items()
+        if pool and "latency_seconds" in read and "served" in read
+    }
 
 
 def _reading(raw: str) -> Reading:

@@ -19,6 +19,8 @@ from pd_operator.core.removal import WORK_GAUGES
 # relabel them so; docs/observability.md#engine-metrics). The policy reads signals per role: the
 # pools of a role share one SLO and one queue in front of them.
 GROUP_LABELS = ("namespace", "deployment", "role")
+# And per pool, for what the policy learns of each pool's capacity (`core.signals.PoolSignals`).
+POOL_GROUP_LABELS = (*GROUP_LABELS, "pool")
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,12 @@ def _by(labels: tuple[str, ...]) -> str:
     return ", ".join(labels)
 
 
-def quantile_query(histogram: str, role: str, percentile: str, window_seconds: int) -> str:
-    """The percentile of a latency histogram per pool role, across all objects."""
+def quantile_query(
+    histogram: str, role: str, percentile: str, window_seconds: int, *, per_pool: bool = False
+) -> str:
+    """The percentile of a latency histogram per role (or per pool), across all objects."""
     q = PERCENTILE_SHARES[percentile]
-    group = _by((*GROUP_LABELS, "le"))
+    group = _by((*(POOL_GROUP_LABELS if per_pool else GROUP_LABELS), "le"))
     return (
         f"histogram_quantile({q}, sum by ({group}) "
         f'(rate({histogram}_bucket{{role="{role}"}}[{window_seconds}s])))'
@@ -140,9 +144,10 @@ def transfer_mean_query(histogram: str, window_seconds: int) -> str:
     return f'label_replace({mean}, "role", "prefill", "deployment", ".*")'
 
 
-def counter_rate_query(counter: str, window_seconds: int) -> str:
-    """A counter's rate per role."""
-    return f"sum by ({_by(GROUP_LABELS)}) (rate({counter}[{window_seconds}s]))"
+def counter_rate_query(counter: str, window_seconds: int, *, per_pool: bool = False) -> str:
+    """A counter's rate per role (or per pool: the reader sums the pools for the role)."""
+    by = _by(POOL_GROUP_LABELS if per_pool else GROUP_LABELS)
+    return f"sum by ({by}) (rate({counter}[{window_seconds}s]))"
 
 
 def gauge_query(gauge: str, aggregate: str = "sum") -> str:

@@ -20,11 +20,12 @@ whose capacity is only known from below may probe one replica down while latency
 the target. The numbers are `core.tuning`'s.
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pd_operator.api.spec import KVTransferSpec, LatencyTarget, Role
-from pd_operator.core.learning import RoleCapacity
+from pd_operator.core.learning import PoolEvidence, RoleCapacity
 from pd_operator.core.resolved import ResolvedSpec
 from pd_operator.core.signals import Reading, ReadingKind, RoleSignals, bucket_of
 from pd_operator.core.tuning import TUNING
@@ -81,6 +82,8 @@ class RoleLoad:
     # Prefill: a TTFT breach that the KV hand-off to decode explains (`transfer_explains`):
     # more prefill would not lower it, so feedback does not grow prefill for it.
     fabric_bound: bool = False
+    # Each pool's own latency and served rate, where read (`core.learning.PoolEvidence`).
+    pools: Mapping[str, PoolEvidence] = field(default_factory=dict)
 
     @property
     def growth_demand(self) -> float | None:
@@ -222,7 +225,25 @@ def read_load(
         tail_only=_tail_only(target, ratio, signals, target_seconds),
         breach_unresolved=unresolved,
         fabric_bound=fabric,
+        pools=_pool_evidence(terms.latency_buckets, signals, target_seconds),
     )
+
+
+def _pool_evidence(
+    bounds: tuple[float, ...], signals: RoleSignals, target_seconds: float
+) -> dict[str, PoolEvidence]:
+    """Each pool's latency over the target, in its bucket, and what it served; pools whose
+    latency or served rate is not a value (no traffic, not read) are left out."""
+    found = {}
+    for name, pool in signals.pools.items():
+        seconds, served = pool.latency_seconds.value, pool.served_tokens_per_second.value
+        if seconds is None or served is None:
+            continue
+        lower, upper = bucket_of(bounds, seconds)
+        found[name] = PoolEvidence(
+            seconds / target_seconds, (lower / target_seconds, upper / target_seconds), served
+        )
+    return found
 
 
 def _load_words(

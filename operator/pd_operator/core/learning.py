@@ -20,14 +20,17 @@ from 10 to 25 ms holds any P50 between them, interpolated to about 17.5 ms whate
 as "well under" only when the whole bucket is within the tolerance. A reading that cannot tell
 teaches nothing; the estimate stays what the profile or earlier observations made it.
 
-Signals are per role, so one role's observation corrects all its pools by the same factor: the
-pools keep their relative speeds (from profiles, else cards per replica).
+The role's signals correct all its pools by the same factor, keeping their relative speeds (from
+profiles, else cards per replica). Where a role has several pools and each pool's own latency and
+served rate are read (the engines' `pool` label), each pool is corrected by its own: two prefill
+pools on different cards are seldom off their profiles by the same factor. A pool reading its
+bucket cannot place as a breach teaches nothing unless the role's breach is confirmed.
 """
 
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Literal
 
@@ -338,6 +341,16 @@ def latency_evidence(ratio: float, bucket: tuple[float, float] | None) -> Eviden
 
 
 @dataclass(frozen=True)
+class PoolEvidence:
+    """One pool's own reading over the window: its latency (observed/target, in its bucket,
+    also /target; None: exact) and the tokens/s its replicas served."""
+
+    latency_ratio: float
+    latency_bucket: tuple[float, float] | None
+    served_tokens_per_second: float
+
+
+@dataclass(frozen=True)
 class RoleCapacity:
     """Per-replica capacity of a role's pools, and how it was obtained.
 
@@ -352,6 +365,13 @@ class RoleCapacity:
     # efficiency, the prompt mix), so a change of prompt length does not undo the learning.
     # None without seeds: the estimates themselves are remembered.
     factor: float | None = None
+    # Each pool's own factor where it differs from the role's (`PoolEvidence`); a pool not
+    # named here takes `factor`.
+    pool_factors: Mapping[str, float] = field(default_factory=dict)
+
+    def factor_of(self, pool: str) -> float | None:
+        """The learned correction of one pool's seed."""
+        return self.pool_factors.get(pool, self.factor)
 
 
 def _per_card_fill(pools: Sequence[PoolSpec], known: dict[str, float]) -> None:
@@ -401,6 +421,8 @@ def estimate_capacity(
     saturated: bool = False,
     cached_share: float = 0.0,
     bound_only: bool = False,
+    pool_factors: Mapping[str, float] | None = None,
+    pools_read: Mapping[str, PoolEvidence] | None = None,
 ) -> RoleCapacity:
     """This interval's capacity estimate, corrected by what the ready replicas serve at the
     latency they show: the seeds times the learned `factor`, or without seeds the remembered
@@ -409,13 +431,16 @@ def estimate_capacity(
     the quantity prefill seeds estimate; a prefill breach without it teaches nothing, except
     as a role's first estimate. `bound_only`: what was served bounds the capacity from below
     and no more (replicas became Ready within the window), so only a reading well under the
-    target teaches, and only upward."""
+    target teaches, and only upward. `pool_factors`: pools' own learned factors (`factor` for
+    the others); `pools_read`: each pool's own reading, which corrects that pool alone where
+    the role has several."""
     pools: Sequence[PoolSpec] = resolved.spec.pools(role)
     known = seeds(resolved, role, prompt_tokens, cached_share)
     from_seeds = bool(known)
     scale = 1.0 if factor is None else factor
+    scales = {p.name: (pool_factors or {}).get(p.name, scale) for p in pools}
     if from_seeds:
-        known = {name: value * scale for name, value in known.items()}
+        known = {name: value * scales[name] for name, value in known.items()}
         if factor is None or basis is None:
             basis = "profile"
     else:
@@ -425,9 +450,19 @@ def estimate_capacity(
         _per_card_fill(pools, known)
 
     def result(
-        per_replica: dict[str, float], change: float, how: CapacityBasis | None
+        per_replica: dict[str, float],
+        change: float,
+        how: CapacityBasis | None,
+        changes: Mapping[str, float] | None = None,
     ) -> RoleCapacity:
-        return RoleCapacity(per_replica, how, scale * change if from_seeds else None)
+        if not from_seeds:
+            return RoleCapacity(per_replica, how)
+        own = {
+            name: scales[name] * (changes or {}).get(name, change)
+            for name in per_replica
+            if name in (changes or {}) or name in (pool_factors or {})
+        }
+        return RoleCapacity(per_replica, how, scale * change, own)
 
     served = served_tokens_per_second or 0.0
     # Idle replicas say nothing about capacity, nor does a reading its bucket cannot resolve.
@@ -459,18 +494,77 @@ def estimate_capacity(
         first: CapacityBasis = "lower-bound" if evidence == "under" else "observed"
         return RoleCapacity({name: per_card * c for name, c in cards.items()}, first)
     estimated = sum(ready.get(name, 0) * value for name, value in known.items())
-    if ratio is None or estimated <= 0:
+    if ratio is None or evidence is None or estimated <= 0:
         return result(known, 1.0, basis)
+    from_below = basis == "lower-bound"
     measured = served / estimated  # what the estimate must be multiplied by to match
+    change = _change(evidence, measured, ratio, saturated=saturated, from_below=from_below)
+    if evidence in ("breach", "near"):
+        basis = "observed"
+    changes = _pool_changes(
+        role,
+        pools_read if len(pools) > 1 else None,
+        known,
+        ready,
+        role_evidence=evidence,
+        bound_only=bound_only,
+        saturated=saturated,
+        from_below=from_below,
+    )
+    per_replica = {name: value * changes.get(name, change) for name, value in known.items()}
+    return result(per_replica, change, basis, changes)
+
+
+def _change(
+    evidence: Evidence, measured: float, ratio: float, *, saturated: bool, from_below: bool
+) -> float:
+    """What an estimate is multiplied by after a reading: `measured` is served / estimated."""
     # A lower bound is no estimate to average with: the first observation at or past the SLO
     # replaces it.
-    from_below = basis == "lower-bound"
     if evidence == "breach":
         bound = measured if saturated else measured / _breach_correction(ratio)
-        change, basis = (bound if from_below else min(1.0, bound)), "observed"
-    elif evidence == "near":
-        change = measured if from_below else 1 + TUNING.ema_weight * (measured - 1)
-        basis = "observed"
-    else:
-        change = max(1.0, measured)
-    return result({name: value * change for name, value in known.items()}, change, basis)
+        return bound if from_below else min(1.0, bound)
+    if evidence == "near":
+        return measured if from_below else 1 + TUNING.ema_weight * (measured - 1)
+    return max(1.0, measured)
+
+
+def _pool_changes(
+    role: Role,
+    pools_read: Mapping[str, PoolEvidence] | None,
+    known: Mapping[str, float],
+    ready: Mapping[str, int],
+    *,
+    role_evidence: Evidence,
+    bound_only: bool,
+    saturated: bool,
+    from_below: bool,
+) -> dict[str, float]:
+    """Each pool's correction from its own reading, for the pools that have one that teaches.
+
+    The same rules as the role's, with what is only known per role taken from it: whether the
+    replicas were saturated, whether a breach is confirmed by queueing (a pool's breach read in
+    a bucket that also holds values under the target teaches only when the role's does).
+    """
+    changes: dict[str, float] = {}
+    for name, read in (pools_read or {}).items():
+        estimated = ready.get(name, 0) * known.get(name, 0.0)
+        if estimated <= 0 or read.served_tokens_per_second <= 0:
+            continue
+        evidence = latency_evidence(read.latency_ratio, read.latency_bucket)
+        unplaced = read.latency_bucket is not None and read.latency_bucket[0] < 1
+        if evidence == "breach" and (
+            (unplaced and role_evidence != "breach")
+            # As for the role: a prefill breach without a queue is a burst absorbed.
+            or (role == "prefill" and not saturated and not from_below)
+        ):
+            evidence = None
+        if bound_only and evidence != "under":
+            evidence = None
+        if evidence is None:
+            continue
+        measured = read.served_tokens_per_second / estimated
+        changes[name] = _change(
+            evidence, measured, read.latency_ratio, saturated=saturated, from_below=from_below
+        )
+    return changes

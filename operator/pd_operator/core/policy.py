@@ -309,6 +309,7 @@ def _capacity(
     arrived_only = not settled and not any(p.left_within(now, window) for p in pools)
     # A futile breach says nothing about capacity: replicas were not what it lacked.
     active = load.status == "active" and (settled or arrived_only) and not load.futile
+    usable = active and not (load.breach_unresolved or load.tail_only or load.fabric_bound)
     memory = state.role(role)
     return estimate_capacity(
         resolved,
@@ -316,13 +317,15 @@ def _capacity(
         remembered=remembered,
         basis=memory.capacity_basis,
         factor=memory.capacity_factor,
+        pool_factors={
+            p.spec.name: p.memory.capacity_factor
+            for p in pools
+            if p.memory.capacity_factor is not None
+        },
+        pools_read=load.pools if usable else None,
         ready={p.spec.name: p.seen.ready for p in pools},
         served_tokens_per_second=load.served_tokens_per_second if active else None,
-        latency_ratio=(
-            load.latency_ratio
-            if active and not (load.breach_unresolved or load.tail_only or load.fabric_bound)
-            else None
-        ),
+        latency_ratio=load.latency_ratio if usable else None,
         prompt_tokens=max(1, round(prompt)),
         latency_bucket=load.latency_bucket,
         saturated=load.saturated,
@@ -727,6 +730,7 @@ def _remember(r: "_Round") -> PolicyState:
                 capacity_per_replica=(
                     capacity.per_replica[pool.spec.name] if capacity.basis else None
                 ),
+                capacity_factor=capacity.pool_factors.get(pool.spec.name),
                 shed_at=shed_at,
                 shed_wait=shed_wait,
             )

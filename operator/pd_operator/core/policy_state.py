@@ -34,6 +34,9 @@ class PoolMemory:
     # Tokens per second one replica serves within the SLO (prompt tokens for prefill,
     # generated tokens for decode); None until seeded or learned.
     capacity_per_replica: float | None = None
+    # This pool's own learned capacity / profile seed where its own signals taught it
+    # (`core.learning.PoolEvidence`); None: the role's factor.
+    capacity_factor: float | None = None
     load_seconds: float | None = None  # scale-up to Ready, learned from past scale-ups
     # The last up-decision whose replicas are not all Ready yet: when, to how many, and when
     # they are expected to be Ready.

@@ -7,7 +7,8 @@ what it means. The adapter that queries Prometheus builds these; `core.policy` c
 """
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from pd_operator.api.spec import Role
@@ -70,6 +71,16 @@ class RouterTraffic:
 
 
 @dataclass(frozen=True)
+class PoolSignals:
+    """One pool's own share of its role's signals (series grouped by the engines' `pool`
+    label): what lets a role of several pools learn each pool's capacity on its own."""
+
+    latency_seconds: Reading = NOT_READ  # at the role's SLO percentile, over the SLO window
+    # Prompt tokens for prefill, generated tokens for decode: what `latency` was served at.
+    served_tokens_per_second: Reading = NOT_READ
+
+
+@dataclass(frozen=True)
 class RoleSignals:
     """What Prometheus said about one role (prefill or decode) at `sample_time`.
 
@@ -101,6 +112,8 @@ class RoleSignals:
     # With `spec.scaling.idleSeconds`: the router's traffic, the same in both roles' signals
     # (it is the object's, not a role's); None: not read, or no activator series.
     router_traffic: RouterTraffic | None = None
+    # Per pool (by name), where the series carry the `pool` label; empty: not read.
+    pools: Mapping[str, PoolSignals] = field(default_factory=dict)
 
     def latency(self, role: Role) -> Reading:
         """The latency the role is scaled on: TTFT for prefill, ITL for decode."""

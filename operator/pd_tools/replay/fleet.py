@@ -6,7 +6,7 @@ cards come back; it reports the replicas, the room left and the `Observation` a 
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
@@ -271,6 +271,13 @@ class Fleet:
             else:
                 still.append(replica)
         self.draining = still
+
+    def pool_labels(self) -> Callable[[str], str] | None:
+        """What the engines' `pool` label says of a replica (by its name), where a role has
+        more than one pool; None where each role has one (a lone pool's signals are its
+        role's, and the scrape need not split them)."""
+        several = len(self.pools) > len({role for role, _ in self.pools})
+        return (lambda name: self._key_of(name)[1]) if several else None
 
     def _key_of(self, name: str) -> PoolKey:
         role, rest = name.split("-", 1)

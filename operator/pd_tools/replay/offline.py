@@ -348,7 +348,7 @@ def simulate(
         fleet.release_drained(engine)
         fleet.place(engine, chosen.warm_up)
         if now >= next_scrape:
-            scrapes.append(scrape(engine, now))
+            scrapes.append(scrape(engine, now, fleet.pool_labels()))
             scrapes = scrapes[-(int(window / timing.scrape_interval_s) + 4) :]
             next_scrape += timing.scrape_interval_s
         if now >= next_decision:

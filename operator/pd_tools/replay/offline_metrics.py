@@ -9,18 +9,29 @@ quantile over a window without observations is NaN, which the adapter reads as n
 """
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from pd_operator.api.spec import PERCENTILE_SHARES, PDDeploymentSpec, Role
 from pd_operator.core.signals import (
     NO_TRAFFIC,
+    PoolSignals,
     Reading,
     RoleSignals,
     hand_off_seconds,
     unavailable,
 )
 from pd_tools.enginesim.engine import Histogram, Instance, PDEngine, State
+
+
+@dataclass(frozen=True)
+class PoolScrape:
+    """One pool's share of a role's scrape: its latency histogram and the tokens it served
+    (prompt tokens for prefill, generated for decode)."""
+
+    pods: int
+    buckets: tuple[int, ...]
+    served_tokens: int
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class RoleScrape:
     queue_time: tuple[float, int] = (0.0, 0)
     prefill_time: tuple[float, int] = (0.0, 0)
     kv_transfer: tuple[float, int] = (0.0, 0)
+    pools: dict[str, PoolScrape] = field(default_factory=dict)  # empty: not scraped per pool
 
 
 @dataclass(frozen=True)
@@ -55,8 +67,9 @@ def _scraped(instance: Instance) -> bool:
     return instance.state in (State.READY, State.DRAINING)
 
 
-def scrape(engine: PDEngine, time_s: float) -> Scrape:
-    """Read every instance's /metrics at `time_s` (the engine must be advanced to it)."""
+def scrape(engine: PDEngine, time_s: float, pool_of: Callable[[str], str] | None = None) -> Scrape:
+    """Read every instance's /metrics at `time_s` (the engine must be advanced to it); with
+    `pool_of` (an instance's name to its pool's), each pool's share as well."""
     roles: dict[Role, RoleScrape] = {}
     for role in ("prefill", "decode"):
         members = [i for i in engine.instances() if i.role.value == role]
@@ -85,8 +98,28 @@ def scrape(engine: PDEngine, time_s: float) -> Scrape:
             queue_time=_sum_count(i.queue_time for i in members),
             prefill_time=_sum_count(i.prefill_time for i in members),
             kv_transfer=_sum_count(i.kv_transfer for i in members),
+            pools=_pool_scrapes(role, members, len(bounds), pool_of) if pool_of else {},
         )
     return Scrape(time_s, roles)
+
+
+def _pool_scrapes(
+    role: Role, members: Sequence[Instance], width: int, pool_of: Callable[[str], str]
+) -> dict[str, PoolScrape]:
+    pods: dict[str, int] = {}
+    buckets: dict[str, list[int]] = {}
+    served: dict[str, int] = {}
+    for instance in members:
+        pool = pool_of(instance.name)
+        pods[pool] = pods.get(pool, 0) + _scraped(instance)
+        totals = buckets.setdefault(pool, [0] * (width + 1))
+        histogram = instance.ttft if role == "prefill" else instance.itl
+        for index, count in enumerate(histogram.cumulative()):
+            totals[index] += count
+        served[pool] = served.get(pool, 0) + (
+            instance.prompt_tokens_total if role == "prefill" else instance.generation_tokens_total
+        )
+    return {pool: PoolScrape(pods[pool], tuple(buckets[pool]), served[pool]) for pool in pods}
 
 
 def _sum_count(histograms: Iterable[Histogram]) -> tuple[float, int]:
@@ -186,6 +219,25 @@ def role_signals(
             ),
             mean_latency_seconds=mean_latency,
             kv_transfer_seconds=hand_off if role == "prefill" else unavailable("decode"),
+            pools=_pool_signals(a, b, PERCENTILE_SHARES[target.percentile], span),
+        )
+    return out
+
+
+def _pool_signals(a: RoleScrape, b: RoleScrape, q: float, span: float) -> dict[str, PoolSignals]:
+    """Each pool scraped now (a pool with no pod left has no series), as its own queries by
+    the `pool` label read it."""
+    out = {}
+    for pool, now in b.pools.items():
+        if now.pods == 0:
+            continue
+        before = a.pools.get(pool)
+        start = before.buckets if before else (0,) * len(now.buckets)
+        delta = [y - x for x, y in zip(start, now.buckets, strict=True)]
+        value = histogram_quantile(q, b.bounds, delta)
+        served = now.served_tokens - (before.served_tokens if before else 0)
+        out[pool] = PoolSignals(
+            NO_TRAFFIC if math.isnan(value) else Reading.of(value), Reading.of(served / span)
         )
     return out
 
