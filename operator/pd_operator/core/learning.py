@@ -369,10 +369,6 @@ class RoleCapacity:
     # named here takes `factor`.
     pool_factors: Mapping[str, float] = field(default_factory=dict)
 
-    def factor_of(self, pool: str) -> float | None:
-        """The learned correction of one pool's seed."""
-        return self.pool_factors.get(pool, self.factor)
-
 
 def _per_card_fill(pools: Sequence[PoolSpec], known: dict[str, float]) -> None:
     """A pool without an estimate runs at the known pools' average rate per card."""
