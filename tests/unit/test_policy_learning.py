@@ -106,6 +106,14 @@ def test_each_prefill_pool_learns_its_own_capacity_from_its_own_signals():
     assert own["s5000"] == pytest.approx(0.5 * seeds["s5000"], rel=0.01)
     assert own["h200"] == pytest.approx(seeds["h200"], rel=0.01)
 
+    # A pool without a reading of its own (a spill-over not serving yet) is not cut for its
+    # neighbour's breach.
+    s5000_only = replace(base.signals["prefill"], pools={"s5000": per_pool["s5000"]})
+    alone = Observation({**base.signals, "prefill": s5000_only}, base.pools, base.capacity)
+    spared = decide(TWO_PREFILL_CARDS, alone, PolicyState(), T0)
+    assert spared is not None
+    assert _prefill_estimates(spared.state)["h200"] == pytest.approx(seeds["h200"], rel=0.01)
+
     # Each pool keeps its own correction through the stored state and a quiet interval (in
     # which the seeds follow the default prompt length, both pools alike).
     stored = PolicyState.from_dict(with_pools.state.to_dict())

@@ -497,16 +497,22 @@ def estimate_capacity(
     change = _change(evidence, measured, ratio, saturated=saturated, from_below=from_below)
     if evidence in ("breach", "near"):
         basis = "observed"
-    changes = _pool_changes(
-        role,
-        pools_read if len(pools) > 1 else None,
-        known,
-        ready,
-        role_evidence=evidence,
-        bound_only=bound_only,
-        saturated=saturated,
-        from_below=from_below,
-    )
+    changes: dict[str, float] = {}
+    if pools_read and len(pools) > 1:
+        # Read per pool, a pool is corrected by its own reading or not at all: another pool's
+        # breach says nothing of it (a spill-over pool that was not running yet kept the cut
+        # its busy neighbour had earned).
+        own = _pool_changes(
+            role,
+            pools_read,
+            known,
+            ready,
+            role_evidence=evidence,
+            bound_only=bound_only,
+            saturated=saturated,
+            from_below=from_below,
+        )
+        changes = {name: own.get(name, 1.0) for name in known}
     per_replica = {name: value * changes.get(name, change) for name, value in known.items()}
     return result(per_replica, change, basis, changes)
 
@@ -527,7 +533,7 @@ def _change(
 
 def _pool_changes(
     role: Role,
-    pools_read: Mapping[str, PoolEvidence] | None,
+    pools_read: Mapping[str, PoolEvidence],
     known: Mapping[str, float],
     ready: Mapping[str, int],
     *,
@@ -543,7 +549,7 @@ def _pool_changes(
     a bucket that also holds values under the target teaches only when the role's does).
     """
     changes: dict[str, float] = {}
-    for name, read in (pools_read or {}).items():
+    for name, read in pools_read.items():
         estimated = ready.get(name, 0) * known.get(name, 0.0)
         if estimated <= 0 or read.served_tokens_per_second <= 0:
             continue

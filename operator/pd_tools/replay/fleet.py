@@ -15,7 +15,7 @@ from pd_operator.api.spec import PDDeploymentSpec, PoolSpec, Role
 from pd_operator.core.capacity import PODS, FreeCapacity, NodeRoom
 from pd_operator.core.children import PoolKey
 from pd_operator.core.decision import Observation, PoolObservation
-from pd_operator.core.hardware import HARDWARE_PROFILES, ModelProfile
+from pd_operator.core.hardware import HARDWARE_PROFILES, HardwareProfile, ModelProfile
 from pd_operator.core.observe import NodeSummary
 from pd_operator.core.placement import replica_cards
 from pd_tools.enginesim.engine import Instance, PDEngine, ReplicaSpec, State
@@ -81,6 +81,7 @@ class Fleet:
         *,
         removal: RemovalOrder = "replicaset",
         count_removals_from_s: float = 0.0,
+        hardware: Mapping[str, HardwareProfile] = HARDWARE_PROFILES,
     ) -> None:
         self.spec = spec
         self.load_s = load_s
@@ -91,7 +92,7 @@ class Fleet:
         self.pools = {(r, p.name): p for r in ROLES for p in spec.pools(r)}
         self.replica_spec = {
             key: ReplicaSpec.from_profiles(
-                HARDWARE_PROFILES[accelerator_profile(p)], model, replica_cards(p)
+                hardware[accelerator_profile(p)], model, replica_cards(p)
             )
             for key, p in self.pools.items()
         }

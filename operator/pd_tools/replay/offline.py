@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.core.children import PoolKey
-from pd_operator.core.hardware import ModelProfile
+from pd_operator.core.hardware import HARDWARE_PROFILES, HardwareProfile, ModelProfile
 from pd_operator.core.resolved import ResolvedSpec, resolve
 from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, RequestRecord, Routing
 from pd_tools.replay import baselines
@@ -253,6 +253,7 @@ def simulate(
     progress: Callable[[Progress], None] | None = None,
     routing: Routing = "prefix-aware",
     removal: RemovalOrder | None = None,
+    hardware: Mapping[str, HardwareProfile] = HARDWARE_PROFILES,
 ) -> SimResult:
     """Replay `requests` (sorted by arrival) under `policy`; see the module docstring.
 
@@ -265,6 +266,8 @@ def simulate(
     length are refused on arrival, as vLLM refuses them, and only counted (`rejected`).
     `removal` chooses which Ready replica a scale-down removes (`fleet.RemovalOrder`); None:
     as the policy would have it (pd-operator's mark, else the ReplicaSet's default).
+    `hardware`: the cards the replicas really run on, by profile name, where they differ from
+    the profiles the spec names and the policy seeds from (a card slower than its profile).
     """
     if warmup_s < 0:
         raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
@@ -278,6 +281,7 @@ def simulate(
         timing.load_seconds,
         removal=removal or _removal_of(policy),
         count_removals_from_s=warmup_s,
+        hardware=hardware,
     )
     arrivals, measured, first_measured = _arrivals(spec, fleet, requests, warmup_s)
     feasible = feasibility(spec, idle_latencies(spec, requests, model))
