@@ -6,7 +6,7 @@ change only with the spec. The autoscaler keeps one `ResolvedSpec` per parsed sp
 and `core.learning` look nothing up by name.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pd_operator.api.spec import (
@@ -17,8 +17,9 @@ from pd_operator.api.spec import (
     Role,
 )
 from pd_operator.core.hardware import HARDWARE_PROFILES, HardwareProfile, ModelProfile
+from pd_operator.core.histogram_bounds import exported_bounds
 from pd_operator.core.profiles import model_profile_for
-from pd_operator.core.signals import LATENCY_BUCKETS, LATENCY_NAMES
+from pd_operator.core.signals import LATENCY_NAMES
 
 Profiles = tuple[HardwareProfile, ModelProfile]
 
@@ -30,8 +31,8 @@ class RoleTerms:
     target: LatencyTarget
     share: float  # the target's percentile as a share of requests (P99: 0.99)
     latency_name: str  # the latency it scales on, in reasons and logs: TTFT, ITL
-    # The bounds of the histogram its latency percentile is read from (the engine's): where
-    # a reading may lie (`core.signals.bucket_of`).
+    # The bounds of the histogram its latency percentile is read from, as the engines export
+    # it (`core.histogram_bounds`): where a reading may lie (`core.signals.bucket_of`).
     latency_buckets: tuple[float, ...]
     # Per pool name: the pool's card and the model, or None when either has no profile (its
     # capacity is learned online).
@@ -55,8 +56,13 @@ class ResolvedSpec:
         return self.roles[role].profiles[pool]
 
 
-def resolve(spec: PDDeploymentSpec) -> ResolvedSpec:
-    """Look up what the scaling rules read from `spec`: once per generation, not per decision."""
+def resolve(
+    spec: PDDeploymentSpec,
+    bounds: Callable[[PDDeploymentSpec, Role], tuple[float, ...]] = exported_bounds,
+) -> ResolvedSpec:
+    """Look up what the scaling rules read from `spec`: once per generation, not per decision.
+    `bounds` says what each role's latency histogram resolves (the offline replay's engines
+    may export others than the spec's would)."""
     model = model_profile_for(spec.model.name)
     roles: dict[Role, RoleTerms] = {}
     for role in ROLE_NAMES:
@@ -69,7 +75,7 @@ def resolve(spec: PDDeploymentSpec) -> ResolvedSpec:
             target=target,
             share=PERCENTILE_SHARES[target.percentile],
             latency_name=LATENCY_NAMES[role],
-            latency_buckets=LATENCY_BUCKETS.get(spec.model.engine, {}).get(role, ()),
+            latency_buckets=bounds(spec, role),
             profiles=profiles,
         )
     return ResolvedSpec(spec, model, roles)

@@ -20,6 +20,7 @@ unmodified `vllm-router --vllm-pd-disaggregation` and `sglang_router.launch_rout
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from pd_tools.enginesim.engine import (
     DEFAULT_MAX_BATCH_SEQUENCES,
     DEFAULT_MAX_BATCH_TOKENS,
     Histogram,
+    LatencyBuckets,
     ReplicaSpec,
 )
 from pd_tools.enginesim.live_engine import LiveEngine, LiveRequest, OverloadedError, State
@@ -150,7 +152,9 @@ class EngineConfig:
     max_waiting: int
     drain_seconds: float
     ignored_args: tuple[str, ...] = ()
-    dialect: Dialect = VLLM  # the engine it plays: its API, metric names and buckets
+    dialect: Dialect = VLLM  # the engine it plays: its API, metric names and default buckets
+    # The latency histograms' bounds where the command line sets them (SGLang's --bucket-*).
+    bounds: LatencyBuckets | None = None
     metrics_enabled: bool = True  # SGLang serves /metrics only with --enable-metrics
     # SGLang: the prefill engine's bootstrap server, the default of a request that names none.
     bootstrap_port: int = SGLANG_BOOTSTRAP_PORT
@@ -160,6 +164,11 @@ class EngineConfig:
     @property
     def sglang(self) -> bool:
         return self.dialect is SGLANG
+
+    @property
+    def buckets(self) -> LatencyBuckets:
+        """The bounds its latency histograms export."""
+        return self.bounds or self.dialect.buckets
 
     @property
     def role(self) -> str:
@@ -259,6 +268,8 @@ def _sglang_parser() -> _Parser:
     parser.add_argument("--disaggregation-mode", default="null", choices=list(_SGLANG_MODES))
     parser.add_argument("--disaggregation-transfer-backend", default="mooncake")
     parser.add_argument("--disaggregation-bootstrap-port", type=int, default=SGLANG_BOOTSTRAP_PORT)
+    parser.add_argument("--bucket-time-to-first-token", type=float, nargs="+")
+    parser.add_argument("--bucket-inter-token-latency", type=float, nargs="+")
     return parser
 
 
@@ -413,6 +424,14 @@ def _sglang_config(argv: Sequence[str], env: Mapping[str, str]) -> EngineConfig:
     bootstrap_port = args.disaggregation_bootstrap_port
     if not 0 <= bootstrap_port < 65_536:  # 0: any free port, as with --port
         raise ConfigError(f"--disaggregation-bootstrap-port {bootstrap_port} is not a port")
+    defaults = SGLANG.buckets
+    bounds = dataclasses.replace(
+        defaults,
+        ttft_s=_bounds("--bucket-time-to-first-token", args.bucket_time_to_first_token)
+        or defaults.ttft_s,
+        itl_s=_bounds("--bucket-inter-token-latency", args.bucket_inter_token_latency)
+        or defaults.itl_s,
+    )
     return EngineConfig(
         served_names=(args.served_model_name or args.model_path,),
         host=args.host,
@@ -438,6 +457,7 @@ def _sglang_config(argv: Sequence[str], env: Mapping[str, str]) -> EngineConfig:
         ),
         ignored_args=tuple(ignored),
         dialect=SGLANG,
+        bounds=bounds,
         metrics_enabled=args.enable_metrics,
         bootstrap_port=bootstrap_port,
         kv_wait_seconds=_env_float(
@@ -447,6 +467,16 @@ def _sglang_config(argv: Sequence[str], env: Mapping[str, str]) -> EngineConfig:
             env, SGLANG_BOOTSTRAP_TIMEOUT, _SGLANG_TIMEOUT_DEFAULT, positive=True
         ),
     )
+
+
+def _bounds(flag: str, values: Sequence[float] | None) -> tuple[float, ...]:
+    """A histogram's bounds from the command line; () when not given. Prometheus' client,
+    which SGLang's histograms use, refuses bounds out of order, and a bound given twice would
+    be two series of one name."""
+    bounds = tuple(values or ())
+    if any(b >= c for b, c in itertools.pairwise(bounds)):
+        raise ConfigError(f"{flag} {' '.join(map(str, bounds))}: bounds must increase")
+    return bounds
 
 
 class EngineServer:
@@ -904,7 +934,7 @@ async def start_engine(config: EngineConfig) -> tuple[EngineServer, web.AppRunne
         kv_bytes_per_token=config.kv_bytes_per_token,
         max_waiting=config.max_waiting,
         time_scale=config.time_scale,
-        buckets=config.dialect.buckets,
+        buckets=config.buckets,
     )
     engine.start()
     server = EngineServer(config, engine)

@@ -32,8 +32,10 @@ from typing import Any
 
 from kubernetes import client
 
+from pd_operator.api.spec import ENGINE_CONTAINER
 from pd_operator.core.children import LABEL_DEPLOYMENT, LABEL_POOL, LABEL_ROLE
 from pd_operator.core.hardware import GLM_45_FP8, ModelProfile
+from pd_operator.core.histogram_bounds import SGLANG_BUCKET_FLAGS, bounds_in_args
 from pd_operator.core.scheduling import pod_requests
 from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, RequestRecord, Role
 from pd_tools.enginesim.metrics import VLLM, Dialect, EngineMetricsServer, SimPod
@@ -130,6 +132,23 @@ def running_and_ready(pod: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
+
+
+def pod_dialect(dialect: Dialect, pod: Mapping[str, Any]) -> Dialect:
+    """`dialect` with the latency bounds the pod's engine command line sets (SGLang's
+    `--bucket-*` flags, which the operator passes), as that engine would export them."""
+    argv: list[str] = []
+    for container in pod["spec"].get("containers") or []:
+        if container.get("name") == ENGINE_CONTAINER:
+            argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    ttft = bounds_in_args(argv, SGLANG_BUCKET_FLAGS["prefill"])
+    itl = bounds_in_args(argv, SGLANG_BUCKET_FLAGS["decode"])
+    if not ttft and not itl:
+        return dialect
+    buckets = replace(
+        dialect.buckets, ttft_s=ttft or dialect.buckets.ttft_s, itl_s=itl or dialect.buckets.itl_s
+    )
+    return replace(dialect, buckets=buckets)
 
 
 class SimDeployment:
@@ -367,7 +386,7 @@ class SimCluster:
             log.warning("pod %s/%s runs no engine: %s", namespace, pod_name, error)
             self._pods[key] = _Served(pod["metadata"]["uid"], None)
             return
-        deployment = self._deployment(namespace, name)
+        deployment = self._deployment(namespace, name, pod)
         with deployment.lock:
             deployment.sync(self.now_s())
             deployment.add(pod_name, role, pool, spec, f"{pod_name}-{next(self._serial)}")
@@ -383,7 +402,8 @@ class SimCluster:
             served.deployment.remove(key[1])
         self._targets_changed.set()
 
-    def _deployment(self, namespace: str, name: str) -> SimDeployment:
+    def _deployment(self, namespace: str, name: str, pod: Mapping[str, Any]) -> SimDeployment:
+        """The PDDeployment's engine, made at its first pod: its bounds are that pod's."""
         with self._registry:
             deployment = self._deployments.get((namespace, name))
             if deployment is None:
@@ -392,7 +412,7 @@ class SimCluster:
                     name,
                     self._loads.pop((namespace, name), ()),
                     model=self.model,
-                    dialect=self.dialect,
+                    dialect=pod_dialect(self.dialect, pod),
                     now_s=self.now_s(),
                     time_scale=self.time_scale,
                 )

@@ -1,0 +1,88 @@
+"""The bounds of the latency histograms a PDDeployment's engines export.
+
+A percentile read with `histogram_quantile` is only known to lie in its bucket
+(`core.signals.bucket_of`); a bound at the SLO target lets the histogram say which side of the
+target the percentile is on. vLLM's bounds are fixed in its source (vllm-project/vllm#34370).
+SGLang takes them on its command line (`--bucket-time-to-first-token`,
+`--bucket-inter-token-latency`: seconds, `nargs="+"`), so the operator passes SGLang's defaults
+with the TTFT and ITL targets inserted, unless `spec.model.args` sets a flag itself: the user's
+bounds are then the engine's. `exported_bounds` is the one answer to "what does this role's
+latency histogram resolve", for the engine command and the scaling rules alike.
+"""
+
+from collections.abc import Iterable, Sequence
+
+from pd_operator.api.spec import ROLE_NAMES, Engine, PDDeploymentSpec, Role
+from pd_operator.core.signals import LATENCY_BUCKETS
+
+# The SGLang flag that sets the bounds of the latency each role scales on.
+SGLANG_BUCKET_FLAGS: dict[Role, str] = {
+    "prefill": "--bucket-time-to-first-token",
+    "decode": "--bucket-inter-token-latency",
+}
+
+
+def default_bounds(engine: Engine, role: Role) -> tuple[float, ...]:
+    """The engine's own bounds of the histogram the role's latency is read from."""
+    return LATENCY_BUCKETS.get(engine, {}).get(role, ())
+
+
+def target_seconds(spec: PDDeploymentSpec, role: Role) -> float:
+    """The role's SLO target (TTFT for prefill, ITL for decode) in seconds."""
+    return spec.slo.target(role).target_milliseconds / 1000
+
+
+def with_bounds(bounds: Iterable[float], *extra: float) -> tuple[float, ...]:
+    """`bounds` and `extra`, sorted, each once: what a Prometheus histogram accepts."""
+    return tuple(sorted({*bounds, *extra}))
+
+
+def at_target(spec: PDDeploymentSpec, role: Role) -> tuple[float, ...]:
+    """The spec's engine's default bounds with the role's target among them."""
+    return with_bounds(default_bounds(spec.model.engine, role), target_seconds(spec, role))
+
+
+def bounds_in_args(args: Sequence[str], flag: str) -> tuple[float, ...] | None:
+    """The bounds an engine command line gives `flag` (argparse's reading: the numbers after
+    its last occurrence, or its `=value`), sorted; None: the flag is not there."""
+    found: list[float] | None = None
+    for index, arg in enumerate(args):
+        if arg == flag:
+            found = list(_numbers(args[index + 1 :]))
+        elif arg.startswith(f"{flag}="):
+            found = list(_numbers([arg.partition("=")[2]]))
+    return None if found is None else with_bounds(found)
+
+
+def _numbers(args: Sequence[str]) -> Iterable[float]:
+    """The leading arguments that read as numbers."""
+    for arg in args:
+        try:
+            yield float(arg)
+        except ValueError:
+            return
+
+
+def exported_bounds(spec: PDDeploymentSpec, role: Role) -> tuple[float, ...]:
+    """The bounds of the histogram the role's latency is read from, as the spec's engines
+    export it: SGLang's set by the user's args or else at the target, vLLM's defaults."""
+    if spec.model.engine != "SGLang":
+        return default_bounds(spec.model.engine, role)
+    user = bounds_in_args(spec.model.args, SGLANG_BUCKET_FLAGS[role])
+    return user if user is not None else at_target(spec, role)
+
+
+def format_bound(bound: float) -> str:
+    """A bound as a command line gives it: the shortest text that reads back as it (2, 0.02)."""
+    return repr(bound).removesuffix(".0")
+
+
+def sglang_bucket_args(spec: PDDeploymentSpec) -> list[str]:
+    """SGLang's flags for the TTFT and ITL bounds (every role's engine exports both), except
+    those `spec.model.args` sets itself."""
+    argv: list[str] = []
+    for role in ROLE_NAMES:
+        flag = SGLANG_BUCKET_FLAGS[role]
+        if bounds_in_args(spec.model.args, flag) is None:
+            argv += [flag, *(format_bound(bound) for bound in exported_bounds(spec, role))]
+    return argv

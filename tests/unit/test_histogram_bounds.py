@@ -1,0 +1,162 @@
+"""Latency histogram bounds at the SLO targets: what SGLang is told to export, what the policy
+assumes it exports (one answer for both), and what the simulated engines export."""
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.core.engine_args import engine_command
+from pd_operator.core.engine_metrics import SGLANG_BOUNDS, VLLM_BOUNDS
+from pd_operator.core.policy import decide
+from pd_operator.core.policy_state import PolicyState
+from pd_operator.core.resolved import resolve
+from pd_tools.enginesim import http_engine
+from pd_tools.enginesim.metrics import SGLANG, VLLM
+from pd_tools.simcluster.cluster import pod_dialect
+from policycases import T0, observe, replicas, spec_of
+
+TTFT_FLAG, ITL_FLAG = "--bucket-time-to-first-token", "--bucket-inter-token-latency"
+# Targets between SGLang's default bounds (2 and 4 s; 10 and 15 ms).
+SGLANG_SPEC = spec_of(
+    {
+        "model.engine": "SGLang",
+        "kvTransfer": {"connector": "None"},
+        "slo.ttft.targetMilliseconds": 2500,
+        "slo.itl.targetMilliseconds": 12,
+    }
+)
+SIM_ENV = {"PD_SIM_HARDWARE": "h200", "PD_SIM_MODEL": "glm-4.5-fp8", "PD_SIM_LOAD_SECONDS": "0"}
+
+
+def values(argv: list[str], flag: str) -> list[str]:
+    """The arguments after `flag`, up to the next flag; [] when it is not there."""
+    if flag not in argv:
+        return []
+    rest = argv[argv.index(flag) + 1 :]
+    return rest[: next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))]
+
+
+def with_args(spec: PDDeploymentSpec, *args: str) -> PDDeploymentSpec:
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"args": list(args)})})
+
+
+# ---------------------------------------------------------------- the engine command
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_sglang_is_told_bounds_with_both_targets_among_its_defaults(role):
+    argv = engine_command(SGLANG_SPEC, role, SGLANG_SPEC.pools(role)[0])
+    ttft, itl = values(argv, TTFT_FLAG), values(argv, ITL_FLAG)
+    assert "2.5" in ttft and "0.012" in itl
+    assert [float(v) for v in ttft] == sorted({*SGLANG_BOUNDS.ttft, 2.5})
+    assert [float(v) for v in itl] == sorted({*SGLANG_BOUNDS.itl, 0.012})
+    # As a person would write them: no float noise, no trailing .0.
+    assert ttft[:6] == ["0.1", "0.2", "0.4", "0.6", "0.8", "1"]
+    assert all(len(v) <= 5 for v in [*ttft, *itl])
+
+
+def test_a_target_already_a_default_bound_is_not_repeated():
+    spec = spec_of({"model.engine": "SGLang", "slo.itl.targetMilliseconds": 20})
+    itl = values(engine_command(spec, "decode", spec.pools("decode")[0]), ITL_FLAG)
+    assert [float(v) for v in itl] == list(SGLANG_BOUNDS.itl)
+
+
+def test_vllm_is_told_no_bounds_and_read_with_its_own():
+    spec = spec_of({"slo.itl.targetMilliseconds": 12})
+    argv = engine_command(spec, "decode", spec.pools("decode")[0])
+    assert not any(arg.startswith("--bucket") for arg in argv)
+    assert resolve(spec).role("decode").latency_buckets == VLLM_BOUNDS.itl
+
+
+def test_bounds_the_user_sets_are_kept_and_known_to_the_policy():
+    spec = with_args(SGLANG_SPEC, ITL_FLAG, "0.01", "0.025", "0.05", "--trust-remote-code")
+    argv = engine_command(spec, "decode", spec.pools("decode")[0])
+    assert argv.count(ITL_FLAG) == 1  # the user's, not the operator's as well
+    assert values(argv, ITL_FLAG) == ["0.01", "0.025", "0.05"]
+    assert "2.5" in values(argv, TTFT_FLAG)  # the flag the user left alone is still set
+    resolved = resolve(spec)
+    assert resolved.role("decode").latency_buckets == (0.01, 0.025, 0.05)
+    assert 2.5 in resolved.role("prefill").latency_buckets
+    equals_form = resolve(with_args(SGLANG_SPEC, f"{TTFT_FLAG}=3"))
+    assert equals_form.role("prefill").latency_buckets == (3.0,)
+
+
+# ---------------------------------------------------------------- the policy reads them
+
+
+@pytest.mark.parametrize(
+    ("spec", "grows"),
+    [
+        # vLLM: a P50 ITL of 14 ms against 12 ms lies in the (10, 25] ms bucket, which cannot
+        # tell a breach; alone it grows nothing.
+        (spec_of({"slo.itl.targetMilliseconds": 12}), False),
+        # SGLang with a bound at 12 ms: the (12, 15] ms bucket is wholly over the target.
+        (SGLANG_SPEC, True),
+        # SGLang with the user's bounds, none at the target: as vLLM.
+        (with_args(SGLANG_SPEC, ITL_FLAG, "0.01", "0.025", "0.05"), False),
+    ],
+)
+def test_a_reading_just_over_the_target_is_a_breach_only_with_a_bound_at_it(spec, grows):
+    observation = observe(
+        spec,
+        T0,
+        {("prefill", "p"): 2, ("decode", "d"): 2},
+        decode={"ratio": 14 / 12, "tokens": 2000.0},
+    )
+    decision = decide(spec, observation, PolicyState(), T0)
+    assert (replicas(decision, "decode", "d") > 2) is grows
+
+
+# ---------------------------------------------------------------- the simulated engines
+
+
+def served_config(spec: PDDeploymentSpec, role: str) -> http_engine.EngineConfig:
+    """The operator's command line for `role`, served on a free loopback port."""
+    argv = engine_command(spec, role, spec.pools(role)[0])
+    return http_engine.parse_config(
+        [*argv, "--host", "127.0.0.1", "--port", "0", "--tp-size", "8"], SIM_ENV
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", [SGLANG_SPEC, with_args(SGLANG_SPEC, ITL_FLAG, "0.01", "0.025", "0.05")]
+)
+def test_the_simulated_sglang_engine_exports_what_the_policy_assumes(spec):
+    config = served_config(spec, "decode")
+    assert config.ignored_args == ()
+    resolved = resolve(spec)
+    assert config.buckets.ttft_s == resolved.role("prefill").latency_buckets
+    assert config.buckets.itl_s == resolved.role("decode").latency_buckets
+
+
+async def test_the_simulated_sglang_engine_serves_the_target_as_a_bucket_bound():
+    server, runner = await http_engine.start_engine(served_config(SGLANG_SPEC, "decode"))
+    host, port = runner.addresses[0][:2]
+    try:
+        async with aiohttp.ClientSession() as session:
+            body = {"prompt": "a b c", "max_tokens": 4}
+            async with session.post(f"http://{host}:{port}/v1/completions", json=body) as answer:
+                assert answer.status == 200
+            async with session.get(f"http://{host}:{port}/metrics") as answer:
+                text = await answer.text()
+    finally:
+        await http_engine.stop_engine(server, runner)
+    assert 'sglang:inter_token_latency_seconds_bucket{model_name="m",le="0.012"}' in text
+    assert 'sglang:time_to_first_token_seconds_bucket{model_name="m",le="2.5"}' in text
+
+
+def engine_pod(spec: PDDeploymentSpec, role: str) -> dict[str, Any]:
+    argv = engine_command(spec, role, spec.pools(role)[0])
+    return {"spec": {"containers": [{"name": "sidecar"}, {"name": "engine", "command": argv}]}}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_the_simulated_cluster_exports_the_bounds_a_pods_command_sets(role):
+    dialect = pod_dialect(SGLANG, engine_pod(SGLANG_SPEC, role))
+    resolved = resolve(SGLANG_SPEC)
+    assert dialect.buckets.ttft_s == resolved.role("prefill").latency_buckets
+    assert dialect.buckets.itl_s == resolved.role("decode").latency_buckets
+    vllm = spec_of()
+    assert pod_dialect(VLLM, engine_pod(vllm, role)) is VLLM
