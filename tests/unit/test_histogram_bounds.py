@@ -1,21 +1,29 @@
 """Latency histogram bounds at the SLO targets: what SGLang is told to export, what the policy
-assumes it exports (one answer for both), and what the simulated engines export."""
+assumes it exports (one answer for both), what the simulated engines export, and the offline
+replay's `buckets="at-targets"`."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import pytest
 
 from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.core.children import PoolKey
 from pd_operator.core.engine_args import engine_command
 from pd_operator.core.engine_metrics import SGLANG_BOUNDS, VLLM_BOUNDS
+from pd_operator.core.hardware import GLM_45_FP8
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.resolved import resolve
 from pd_tools.enginesim import http_engine
 from pd_tools.enginesim.metrics import SGLANG, VLLM
+from pd_tools.replay import offline
+from pd_tools.replay.baselines import OperatorPolicy, View
+from pd_tools.replay.offline_metrics import Scrape
 from pd_tools.simcluster.cluster import pod_dialect
-from policycases import T0, observe, replicas, spec_of
+from pd_tools.workloads.traces import TokenLengths, step_rate, synthetic_requests
+from policycases import PROFILED_CHANGES, T0, observe, replicas, spec_of
 
 TTFT_FLAG, ITL_FLAG = "--bucket-time-to-first-token", "--bucket-inter-token-latency"
 # Targets between SGLang's default bounds (2 and 4 s; 10 and 15 ms).
@@ -160,3 +168,57 @@ def test_the_simulated_cluster_exports_the_bounds_a_pods_command_sets(role):
     assert dialect.buckets.itl_s == resolved.role("decode").latency_buckets
     vllm = spec_of()
     assert pod_dialect(VLLM, engine_pod(vllm, role)) is VLLM
+
+
+# ---------------------------------------------------------------- the offline replay
+
+
+class Watching(OperatorPolicy):
+    """pd-operator, keeping the bounds each decision assumed."""
+
+    def __init__(self) -> None:
+        super().__init__(interval_s=30.0)
+        self.assumed: set[tuple[float, ...]] = set()
+
+    def decide(self, view: View) -> Mapping[PoolKey, int]:
+        self.assumed.add(view.resolved.role("decode").latency_buckets)
+        return super().decide(view)
+
+
+PROFILED = spec_of(PROFILED_CHANGES)  # GLM-4.5 on vLLM, TTFT 6 s, ITL 20 ms
+LOAD = list(
+    synthetic_requests(
+        step_rate([1.0], 300.0), TokenLengths(2000, 200, input_cv=1.0, output_cv=1.0), seed=1
+    )
+)
+
+
+@pytest.mark.parametrize("buckets", ["engine", "at-targets"])
+def test_the_replay_at_targets_exports_and_assumes_bounds_at_the_targets(monkeypatch, buckets):
+    scrapes: list[Scrape] = []
+
+    def scrape(engine: Any, time_s: float) -> Scrape:
+        scrapes.append(offline_scrape(engine, time_s))
+        return scrapes[-1]
+
+    offline_scrape = offline.scrape
+    monkeypatch.setattr(offline, "scrape", scrape)
+    policy = Watching()
+    offline.simulate(PROFILED, LOAD, policy, model=GLM_45_FP8, buckets=buckets)
+    decode, prefill = scrapes[-1].roles["decode"], scrapes[-1].roles["prefill"]
+    assert decode.buckets[-1] > 0  # tokens were generated
+    assert policy.assumed == {decode.bounds}
+    if buckets == "engine":
+        assert decode.bounds == VLLM_BOUNDS.itl and 0.02 not in decode.bounds
+    else:
+        assert decode.bounds == tuple(sorted({*VLLM_BOUNDS.itl, 0.02}))
+        assert prefill.bounds == tuple(sorted({*VLLM_BOUNDS.ttft, 6.0}))
+
+
+def test_the_oracle_reads_no_histogram():
+    runs = [
+        offline.simulate(PROFILED, LOAD, "oracle", model=GLM_45_FP8, buckets=buckets)
+        for buckets in ("engine", "at-targets")
+    ]
+    assert runs[0].card_hours == runs[1].card_hours
+    assert runs[0].attainment() == runs[1].attainment()

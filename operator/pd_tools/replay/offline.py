@@ -19,12 +19,21 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
-from pd_operator.api.spec import PDDeploymentSpec
+from pd_operator.api.spec import PDDeploymentSpec, Role
 from pd_operator.core.children import PoolKey
+from pd_operator.core.engine_metrics import DEFAULT_BOUNDS
 from pd_operator.core.hardware import HARDWARE_PROFILES, HardwareProfile, ModelProfile
+from pd_operator.core.histogram_bounds import at_target, exported_bounds
 from pd_operator.core.resolved import ResolvedSpec, resolve
-from pd_tools.enginesim.engine import PDEngine, ReplicaSpec, RequestRecord, Routing
+from pd_tools.enginesim.engine import (
+    LatencyBuckets,
+    PDEngine,
+    ReplicaSpec,
+    RequestRecord,
+    Routing,
+)
 from pd_tools.replay import baselines
 from pd_tools.replay.baselines import (
     ROLES,
@@ -74,6 +83,16 @@ MIN_SCRAPES_PER_WINDOW = 4
 INITIAL_SIZING_S = 300.0
 PEAK_WINDOW_S = 60.0
 SECONDS_PER_HOUR = 3600.0
+# The bounds of the simulated engines' TTFT and ITL histograms, which the policies read and
+# pd-operator assumes: "engine", the spec's engines' (`core.histogram_bounds.exported_bounds`);
+# "at-targets", the engine's defaults with the SLO targets among them, as an engine that lets
+# them be set is given them: what a bound at the target is worth where the engine (vLLM) has
+# none.
+Buckets = Literal["engine", "at-targets"]
+BUCKETS: dict[Buckets, Callable[[PDDeploymentSpec, Role], tuple[float, ...]]] = {
+    "engine": exported_bounds,
+    "at-targets": at_target,
+}
 
 
 @dataclass(frozen=True)
@@ -158,6 +177,15 @@ def check_policy_name(name: str) -> None:
     if colon and (base != "dynamo-sla" or option not in DYNAMO_PREDICTORS):
         predictors = " or ".join(f"dynamo-sla:{p}" for p in DYNAMO_PREDICTORS)
         raise ValueError(f"unknown policy {name!r}: only {predictors} take an option")
+
+
+def engine_buckets(
+    spec: PDDeploymentSpec, bounds: Callable[[PDDeploymentSpec, Role], tuple[float, ...]]
+) -> LatencyBuckets:
+    """The simulated engines' histogram bounds: TTFT and ITL per `bounds`, E2E the engine's."""
+    return LatencyBuckets(
+        bounds(spec, "prefill"), bounds(spec, "decode"), DEFAULT_BOUNDS[spec.model.engine].e2e
+    )
 
 
 def _first(spec: PDDeploymentSpec) -> str:
@@ -254,6 +282,7 @@ def simulate(
     routing: Routing = "prefix-aware",
     removal: RemovalOrder | None = None,
     hardware: Mapping[str, HardwareProfile] = HARDWARE_PROFILES,
+    buckets: Buckets = "engine",
 ) -> SimResult:
     """Replay `requests` (sorted by arrival) under `policy`; see the module docstring.
 
@@ -268,6 +297,8 @@ def simulate(
     as the policy would have it (pd-operator's mark, else the ReplicaSet's default).
     `hardware`: the cards the replicas really run on, by profile name, where they differ from
     the profiles the spec names and the policy seeds from (a card slower than its profile).
+    `buckets` chooses the engines' TTFT and ITL histogram bounds (`BUCKETS`); the oracle's
+    search judges each request's own latencies, whatever they are.
     """
     if warmup_s < 0:
         raise ValueError(f"the warm-up must not be negative, got {warmup_s}")
@@ -285,7 +316,7 @@ def simulate(
     )
     arrivals, measured, first_measured = _arrivals(spec, fleet, requests, warmup_s)
     feasible = feasibility(spec, idle_latencies(spec, requests, model))
-    resolved = resolve(spec)  # once per run: every decision reads it
+    resolved = resolve(spec, BUCKETS[buckets])  # once per run: every decision reads it
     chosen = (
         policy
         if not isinstance(policy, str)
@@ -329,6 +360,7 @@ def simulate(
         model=model,
         routing=routing,
         link_bytes_per_second=cluster.link_bytes_per_second,
+        buckets=engine_buckets(spec, BUCKETS[buckets]),
     )
     fleet.apply(engine, _initial(chosen, resolved, arrivals, fleet.room()), warm_up=False)
     last_arrival = arrivals.times[-1] if arrivals.times else 0.0
