@@ -13,9 +13,11 @@ from pd_operator.core.children import PoolKey
 from pd_operator.core.engine_args import engine_command
 from pd_operator.core.engine_metrics import SGLANG_BOUNDS, VLLM_BOUNDS
 from pd_operator.core.hardware import GLM_45_FP8
+from pd_operator.core.histogram_bounds import at_target
 from pd_operator.core.policy import decide
 from pd_operator.core.policy_state import PolicyState
 from pd_operator.core.resolved import resolve
+from pd_operator.core.signals import bucket_of
 from pd_tools.enginesim import http_engine
 from pd_tools.enginesim.metrics import SGLANG, VLLM
 from pd_tools.replay import offline
@@ -58,8 +60,9 @@ def test_sglang_is_told_bounds_with_both_targets_among_its_defaults(role):
     argv = engine_command(SGLANG_SPEC, role, SGLANG_SPEC.pools(role)[0])
     ttft, itl = values(argv, TTFT_FLAG), values(argv, ITL_FLAG)
     assert "2.5" in ttft and "0.012" in itl
-    assert [float(v) for v in ttft] == sorted({*SGLANG_BOUNDS.ttft, 2.5})
-    assert [float(v) for v in itl] == sorted({*SGLANG_BOUNDS.itl, 0.012})
+    # With the targets, 0.85 of them (whole ms): where the learner's "near the SLO" begins.
+    assert [float(v) for v in ttft] == sorted({*SGLANG_BOUNDS.ttft, 2.125, 2.5})
+    assert [float(v) for v in itl] == sorted({*SGLANG_BOUNDS.itl, 0.01, 0.012})
     # As a person would write them: no float noise, no trailing .0.
     assert ttft[:6] == ["0.1", "0.2", "0.4", "0.6", "0.8", "1"]
     assert all(len(v) <= 5 for v in [*ttft, *itl])
@@ -68,7 +71,20 @@ def test_sglang_is_told_bounds_with_both_targets_among_its_defaults(role):
 def test_a_target_already_a_default_bound_is_not_repeated():
     spec = spec_of({"model.engine": "SGLang", "slo.itl.targetMilliseconds": 20})
     itl = values(engine_command(spec, "decode", spec.pools("decode")[0]), ITL_FLAG)
-    assert [float(v) for v in itl] == list(SGLANG_BOUNDS.itl)
+    assert itl.count("0.02") == 1
+    assert [float(v) for v in itl] == sorted({*SGLANG_BOUNDS.itl, 0.017})
+
+
+@pytest.mark.parametrize("engine", ["VLLM", "SGLang"])
+@pytest.mark.parametrize("milliseconds", [12, 20, 30, 45])
+def test_the_bucket_under_a_target_is_narrow_enough_to_read_near_the_slo(engine, milliseconds):
+    """vLLM's ITL bounds with 20 ms alone would leave (10, 20] ms under it: a P99 interpolated
+    at 19.8 ms there says nothing about where the gaps are."""
+    spec = spec_of({"model.engine": engine, "slo.itl.targetMilliseconds": milliseconds})
+    target = milliseconds / 1000
+    lower, upper = bucket_of(at_target(spec, "decode"), target * 0.99)
+    assert upper == target
+    assert lower >= target * 0.85 - 0.0005
 
 
 def test_vllm_is_told_no_bounds_and_read_with_its_own():
@@ -211,8 +227,8 @@ def test_the_replay_at_targets_exports_and_assumes_bounds_at_the_targets(monkeyp
     if buckets == "engine":
         assert decode.bounds == VLLM_BOUNDS.itl and 0.02 not in decode.bounds
     else:
-        assert decode.bounds == tuple(sorted({*VLLM_BOUNDS.itl, 0.02}))
-        assert prefill.bounds == tuple(sorted({*VLLM_BOUNDS.ttft, 6.0}))
+        assert decode.bounds == tuple(sorted({*VLLM_BOUNDS.itl, 0.017, 0.02}))
+        assert prefill.bounds == tuple(sorted({*VLLM_BOUNDS.ttft, 5.1, 6.0}))
 
 
 def test_the_oracle_reads_no_histogram():

@@ -5,15 +5,16 @@ A percentile read with `histogram_quantile` is only known to lie in its bucket
 target the percentile is on. vLLM's bounds are fixed in its source (vllm-project/vllm#34370).
 SGLang takes them on its command line (`--bucket-time-to-first-token`,
 `--bucket-inter-token-latency`: seconds, `nargs="+"`), so the operator passes SGLang's defaults
-with the TTFT and ITL targets inserted, unless `spec.model.args` sets a flag itself: the user's
-bounds are then the engine's. `exported_bounds` is the one answer to "what does this role's
-latency histogram resolve", for the engine command and the scaling rules alike.
+with bounds at the TTFT and ITL targets inserted, unless `spec.model.args` sets a flag itself:
+the user's bounds are then the engine's. `exported_bounds` is the one answer to "what does this
+role's latency histogram resolve", for the engine command and the scaling rules alike.
 """
 
 from collections.abc import Iterable, Sequence
 
 from pd_operator.api.spec import ROLE_NAMES, Engine, PDDeploymentSpec, Role
 from pd_operator.core.signals import LATENCY_BUCKETS
+from pd_operator.core.tuning import TUNING
 
 # The SGLang flag that sets the bounds of the latency each role scales on.
 SGLANG_BUCKET_FLAGS: dict[Role, str] = {
@@ -27,9 +28,14 @@ def default_bounds(engine: Engine, role: Role) -> tuple[float, ...]:
     return LATENCY_BUCKETS.get(engine, {}).get(role, ())
 
 
-def target_seconds(spec: PDDeploymentSpec, role: Role) -> float:
-    """The role's SLO target (TTFT for prefill, ITL for decode) in seconds."""
-    return spec.slo.target(role).target_milliseconds / 1000
+def target_bounds(spec: PDDeploymentSpec, role: Role) -> tuple[float, float]:
+    """The bounds a histogram needs around the role's target (seconds): the target, and
+    `TUNING.learn_low_ratio` of it (whole milliseconds), where the capacity learner's "near the
+    SLO" begins. Without the second, the bucket under the target can be twice as wide as its
+    lower bound (vLLM's ITL: 10 to 20 ms), which the learner takes as narrow enough to read
+    "near" from an interpolated P99 at 19.8 ms whatever the gaps are."""
+    milliseconds = spec.slo.target(role).target_milliseconds
+    return milliseconds / 1000, round(milliseconds * TUNING.learn_low_ratio) / 1000
 
 
 def with_bounds(bounds: Iterable[float], *extra: float) -> tuple[float, ...]:
@@ -38,8 +44,8 @@ def with_bounds(bounds: Iterable[float], *extra: float) -> tuple[float, ...]:
 
 
 def at_target(spec: PDDeploymentSpec, role: Role) -> tuple[float, ...]:
-    """The spec's engine's default bounds with the role's target among them."""
-    return with_bounds(default_bounds(spec.model.engine, role), target_seconds(spec, role))
+    """The spec's engine's default bounds with those around the role's target among them."""
+    return with_bounds(default_bounds(spec.model.engine, role), *target_bounds(spec, role))
 
 
 def bounds_in_args(args: Sequence[str], flag: str) -> tuple[float, ...] | None:
