@@ -579,15 +579,6 @@ def test_vllm_prefill_command_line_of_the_heterogeneous_sample():
     ]
 
 
-# SGLang's default bounds, as the operator writes them: the spillover sample's targets (6 s,
-# 20 ms) are among them already, 0.85 of them (5.1 s, 17 ms) are added.
-SGLANG_TTFT_BOUNDS = ["0.1", "0.2", "0.4", "0.6", "0.8", "1", "2", "4", "5.1", "6", "8", "10",
-                      "20", "40", "60", "80", "100", "200", "400"]  # fmt: skip
-SGLANG_ITL_BOUNDS = ["0.002", "0.004", "0.006", "0.008", "0.01", "0.015", "0.017", "0.02",
-                     "0.025", "0.03", "0.035", "0.04", "0.06", "0.08", "0.1", "0.2", "0.4", "0.6",
-                     "0.8", "1", "2", "4", "6", "8"]  # fmt: skip
-
-
 def test_sglang_decode_command_line_of_the_spillover_sample():
     pdd = sample(SPILLOVER)
     argv = engine(deployments(desired_children(pdd, {}))["glm-spillover-decode-h200"])["command"]
@@ -604,10 +595,6 @@ def test_sglang_decode_command_line_of_the_spillover_sample():
         "--tp-size",
         "8",
         "--enable-metrics",
-        "--bucket-time-to-first-token",
-        *SGLANG_TTFT_BOUNDS,
-        "--bucket-inter-token-latency",
-        *SGLANG_ITL_BOUNDS,
         "--context-length",
         "65536",
         "--kv-cache-dtype",

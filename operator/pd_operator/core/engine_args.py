@@ -37,16 +37,14 @@ Choices, and why:
   start rank = worker index. SGLang spans the nodes with one tensor-parallel group of
   `perReplica x nodesPerReplica` cards (`--nnodes`, `--node-rank`, `--dist-init-addr`, as in
   LWS's SGLang example); only node rank 0 serves HTTP.
-* Latency histogram bounds: SGLang is given TTFT and ITL bounds with the SLO targets among
-  them (`core.histogram_bounds`), so that a percentile read from them can tell which side of
-  the target it lies on; bounds set in `spec.model.args` are kept. vLLM's are fixed.
+* Latency histogram bounds: the engines' own. SGLang's bounds set in `spec.model.args` are
+  passed as they are and read with them (`core.histogram_bounds`); vLLM's are fixed.
 """
 
 import json
 from typing import Any
 
 from pd_operator.api.spec import Engine, KVConnector, PDDeploymentSpec, PoolSpec, Role
-from pd_operator.core.histogram_bounds import sglang_bucket_args
 
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
@@ -141,7 +139,7 @@ def _sglang_command(spec: PDDeploymentSpec, role: Role, pool: PoolSpec) -> list[
         argv += ["--nnodes", str(nodes), "--node-rank", LWS_WORKER_INDEX]
         argv += ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{SGLANG_DIST_INIT_PORT}"]
     # SGLang serves /metrics only when asked; the autoscaler reads TTFT and ITL from it.
-    argv += ["--enable-metrics", *sglang_bucket_args(spec)]
+    argv += ["--enable-metrics"]
     if spec.model.context_length is not None:
         argv += ["--context-length", str(spec.model.context_length)]
     if spec.kv_transfer.cache_dtype == "FP8":

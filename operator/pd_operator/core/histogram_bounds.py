@@ -4,15 +4,18 @@ A percentile read with `histogram_quantile` is only known to lie in its bucket
 (`core.signals.bucket_of`); a bound at the SLO target lets the histogram say which side of the
 target the percentile is on. vLLM's bounds are fixed in its source (vllm-project/vllm#34370).
 SGLang takes them on its command line (`--bucket-time-to-first-token`,
-`--bucket-inter-token-latency`: seconds, `nargs="+"`), so the operator passes SGLang's defaults
-with bounds at the TTFT and ITL targets inserted, unless `spec.model.args` sets a flag itself:
-the user's bounds are then the engine's. `exported_bounds` is the one answer to "what does this
-role's latency histogram resolve", for the engine command and the scaling rules alike.
+`--bucket-inter-token-latency`: seconds, `nargs="+"`); where `spec.model.args` sets them, the
+policy reads the latency with the user's bounds. The operator does not set them itself: measured
+on the robustness benchmark (`simulate(buckets="at-targets")`, `at_target`), bounds at the
+targets served more decode ramps in time but cost 1.2-1.4x the card-hours with today's capacity
+learner (docs/benchmarks.md), an SGLang without the flags would refuse to start, and every SLO
+edit would restart the pools. `exported_bounds` is the one answer to "what does this role's
+latency histogram resolve", for the scaling rules and the simulators alike.
 """
 
 from collections.abc import Iterable, Sequence
 
-from pd_operator.api.spec import ROLE_NAMES, Engine, PDDeploymentSpec, Role
+from pd_operator.api.spec import Engine, PDDeploymentSpec, Role
 from pd_operator.core.signals import LATENCY_BUCKETS
 from pd_operator.core.tuning import TUNING
 
@@ -71,24 +74,8 @@ def _numbers(args: Sequence[str]) -> Iterable[float]:
 
 def exported_bounds(spec: PDDeploymentSpec, role: Role) -> tuple[float, ...]:
     """The bounds of the histogram the role's latency is read from, as the spec's engines
-    export it: SGLang's set by the user's args or else at the target, vLLM's defaults."""
-    if spec.model.engine != "SGLang":
-        return default_bounds(spec.model.engine, role)
-    user = bounds_in_args(spec.model.args, SGLANG_BUCKET_FLAGS[role])
-    return user if user is not None else at_target(spec, role)
-
-
-def format_bound(bound: float) -> str:
-    """A bound as a command line gives it: the shortest text that reads back as it (2, 0.02)."""
-    return repr(bound).removesuffix(".0")
-
-
-def sglang_bucket_args(spec: PDDeploymentSpec) -> list[str]:
-    """SGLang's flags for the TTFT and ITL bounds (every role's engine exports both), except
-    those `spec.model.args` sets itself."""
-    argv: list[str] = []
-    for role in ROLE_NAMES:
-        flag = SGLANG_BUCKET_FLAGS[role]
-        if bounds_in_args(spec.model.args, flag) is None:
-            argv += [flag, *(format_bound(bound) for bound in exported_bounds(spec, role))]
-    return argv
+    export it: SGLang's as the user's args set them, else the engine's defaults."""
+    user = None
+    if spec.model.engine == "SGLang":
+        user = bounds_in_args(spec.model.args, SGLANG_BUCKET_FLAGS[role])
+    return user if user is not None else default_bounds(spec.model.engine, role)
