@@ -76,21 +76,27 @@ P99 = spec_of({"slo.ttft.percentile": "P99"})
 
 
 @pytest.mark.parametrize(
-    ("spec", "mean_ratio", "grows"),
+    ("spec", "mean_ratio", "queue", "grows"),
     [
         # A P99 TTFT at twice the target while the mean is a fifth of it: a few prompts too
         # long for the target set the tail; replicas would not move it.
-        (P99, 0.2, False),
+        (P99, 0.2, 0.0, False),
+        # The same tail with prompts waiting, a whole TTFT target's worth of what the replicas
+        # served (2000 tokens/s x 1 s, 1000-token prompts): the replicas are short, not the
+        # prompts too long.
+        (P99, 0.2, 2.0, True),
         # The mean near the target too: the load is what is slow.
-        (P99, 0.8, True),
+        (P99, 0.8, 0.0, True),
         # A P50 target is the bulk of requests, never a tail.
-        (SPEC, 0.2, True),
+        (SPEC, 0.2, 0.0, True),
     ],
 )
-def test_a_tail_percentile_set_by_a_few_long_requests_adds_no_replicas(spec, mean_ratio, grows):
+def test_a_tail_percentile_set_by_a_few_long_requests_adds_no_replicas(
+    spec, mean_ratio, queue, grows
+):
     observation = observe(
         spec, T0, {("prefill", "p"): 2, ("decode", "d"): 2},
-        prefill={"ratio": 2.0, "tokens": 2000.0},
+        prefill={"ratio": 2.0, "tokens": 2000.0, "queue": queue},
     )  # fmt: skip
     prefill = replace(
         observation.signals["prefill"],

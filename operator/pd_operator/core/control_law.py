@@ -76,7 +76,9 @@ class RoleLoad:
     breach_unresolved: bool = False
     # A tail percentile over the target while the mean is far under it: a few requests too long
     # for the target (prompts no replica count serves in time) set it, not the load. It says
-    # nothing about capacity per replica.
+    # nothing about capacity per replica. Not where prompts wait a whole TTFT target's worth
+    # (`saturated`): then the replicas are short, whatever the tail (a mixed load on a
+    # compressed day held prefill at 4 with 119 prompts waiting).
     tail_only: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
     # Prefill: a TTFT breach that the KV hand-off to decode explains (`transfer_explains`):
@@ -222,7 +224,7 @@ def read_load(
         waiting_requests=waiting,
         saturated=saturated,
         nothing_finished=latency.value is None and seconds is not None,
-        tail_only=_tail_only(target, ratio, signals, target_seconds),
+        tail_only=_tail_only(target, ratio, signals, target_seconds) and not saturated,
         breach_unresolved=unresolved,
         fabric_bound=fabric,
         pools=_pool_evidence(terms.latency_buckets, signals, target_seconds),
