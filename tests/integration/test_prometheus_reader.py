@@ -28,8 +28,10 @@ def engines(prometheus):
         engine.close()
 
 
-def target(name: str, engine: str = "VLLM", window: int = 10) -> SignalTarget:
-    return SignalTarget("ns", name, engine, "P50", "P90", window)
+def target(
+    name: str, engine: str = "VLLM", window: int = 10, *, several_pools: bool = False
+) -> SignalTarget:
+    return SignalTarget("ns", name, engine, "P50", "P90", window, several_pools=several_pools)
 
 
 def test_grouped_reads_give_each_object_its_own_latency(prometheus, engines):
@@ -135,7 +137,7 @@ def test_each_pool_of_a_role_is_read_on_its_own_and_the_role_as_their_sum(promet
             fast.ttft.labels(model_name="m").observe(0.3)
         slow.prompt.labels(model_name="m").inc(1000)
         fast.prompt.labels(model_name="m").inc(3000)
-        signals, report = reader.read([target("mixed")])
+        signals, report = reader.read([target("mixed", several_pools=True)])
         prefill = signals[("ns", "mixed", "prefill")]
         pools = prefill.pools
         ready = set(pools) == {"s5000", "h200"} and all(
@@ -173,8 +175,10 @@ def test_queries_per_cycle_do_not_grow_with_the_number_of_objects(prometheus, en
         return (few, many) if few.adapters and many.adapters else None
 
     few, many = wait_for(both_reads, timeout=20, what="two reads that both see the engine")
-    # Detection + 15 signals + each role's latency per pool.
-    assert many.queries == few.queries <= 18, (few, many)
+    assert many.queries == few.queries <= 16, (few, many)  # detection + 15 signals
+    # An object with a role of several pools adds each role's latency per pool, once.
+    _, pooled = reader.read([target("one", several_pools=True), target("two", several_pools=True)])
+    assert pooled.queries == few.queries + 2, (few, pooled)
 
 
 def test_an_engine_without_series_is_unavailable_and_names_what_was_looked_for(prometheus, engines):

@@ -40,7 +40,7 @@ from pd_operator.adapters.prometheus import (
     all_signals,
 )
 from pd_operator.api import PDDeployment
-from pd_operator.api.spec import PrometheusSpec, Role
+from pd_operator.api.spec import ROLE_NAMES, PrometheusSpec, Role
 from pd_operator.core.children import ROLES
 from pd_operator.core.signals import RoleSignals, unavailable
 
@@ -193,6 +193,7 @@ def _target(key: ObjectKey, pdd: PDDeployment) -> SignalTarget:
         spec.slo.itl.percentile, spec.slo.window_seconds,
         seasonal=(seasonal.period, seasonal.seasons, seasonal.time_zone) if seasonal else None,
         router_traffic=spec.scaling.idle_seconds is not None,
+        several_pools=any(len(spec.pools(role)) > 1 for role in ROLE_NAMES),
     )  # fmt: skip
 
 

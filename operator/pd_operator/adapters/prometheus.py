@@ -68,6 +68,9 @@ class SignalTarget:
     seasonal: tuple[str, int, str] | None = None
     # `spec.scaling.idleSeconds`: read the router's traffic (its activator's series).
     router_traffic: bool = False
+    # A role has more than one pool: read each pool's latency and served tokens too
+    # (`core.signals.PoolSignals`); two more queries in a cycle where any object asks.
+    several_pools: bool = False
 
 
 @dataclass
@@ -270,6 +273,8 @@ class PrometheusReader:
         # (signal, roles, query, keys): planned first, then sent concurrently, since each
         # query waits on Prometheus and none depends on another.
         jobs: list[tuple[str, tuple[str, ...], str, list[tuple[str, str]]]] = []
+        # Per-pool reads only where some object has a role of several pools.
+        pooled = any(t.several_pools for t in targets)
 
         def keys_where(**match: Any) -> list[tuple[str, str]]:
             return [
@@ -278,22 +283,18 @@ class PrometheusReader:
                 if all(getattr(t, k) == v for k, v in match.items())
             ]
 
-        for percentile, window in sorted({(t.ttft_percentile, t.window_seconds) for t in targets}):
-            query = promql.quantile_query(adapter.ttft_histogram, "prefill", percentile, window)
-            keys = keys_where(ttft_percentile=percentile, window_seconds=window)
-            jobs.append(("ttft_seconds", ("prefill",), query, keys))
-            query = promql.quantile_query(
-                adapter.ttft_histogram, "prefill", percentile, window, per_pool=True
-            )
-            jobs.append((POOL_LATENCY, ("prefill",), query, keys))
-        for percentile, window in sorted({(t.itl_percentile, t.window_seconds) for t in targets}):
-            query = promql.quantile_query(adapter.itl_histogram, "decode", percentile, window)
-            keys = keys_where(itl_percentile=percentile, window_seconds=window)
-            jobs.append(("itl_seconds", ("decode",), query, keys))
-            query = promql.quantile_query(
-                adapter.itl_histogram, "decode", percentile, window, per_pool=True
-            )
-            jobs.append((POOL_LATENCY, ("decode",), query, keys))
+        for role, histogram, signal, field_name in (
+            ("prefill", adapter.ttft_histogram, "ttft_seconds", "ttft_percentile"),
+            ("decode", adapter.itl_histogram, "itl_seconds", "itl_percentile"),
+        ):
+            for percentile, window in sorted({(getattr(t, field_name), t.window_seconds)
+                                              for t in targets}):  # fmt: skip
+                keys = keys_where(**{field_name: percentile, "window_seconds": window})
+                for per_pool in (False, True) if pooled else (False,):
+                    query = promql.quantile_query(
+                        histogram, role, percentile, window, per_pool=per_pool
+                    )
+                    jobs.append((POOL_LATENCY if per_pool else signal, (role,), query, keys))
         for window in sorted({t.window_seconds for t in targets}):
             keys = keys_where(window_seconds=window)
             for role in ("prefill", "decode"):
@@ -307,7 +308,7 @@ class PrometheusReader:
                 ("generation_tokens_per_second", adapter.generation_tokens),
             ):
                 if counter:
-                    query = promql.counter_rate_query(counter, window, per_pool=True)
+                    query = promql.counter_rate_query(counter, window, per_pool=pooled)
                     jobs.append((signal, ("prefill", "decode"), query, keys))
             if adapter.cached_prompt_tokens:
                 query = promql.counter_rate_query(adapter.cached_prompt_tokens, window)
