@@ -355,13 +355,12 @@ class PrometheusReader:
             if role == "prefill":
                 ttft_mean = read.get("mean_latency_seconds", NOT_READ)
                 read["kv_transfer_seconds"] = hand_off_seconds(ttft_mean, queue, compute, connector)
+        role_keys = [(t.namespace, t.name, r) for t in targets for r in ("prefill", "decode")]
         return {
             key: RoleSignals(
                 sample_time=now, pools=_pool_signals(pools.get(key, {})), **values.get(key, {})
             )
-            for t in targets
-            for role in ("prefill", "decode")
-            if (key := (t.namespace, t.name, role))
+            for key in role_keys
         }
 
 

@@ -181,8 +181,7 @@ def read_load(
     )
     bucket = None
     if latency.value is not None:
-        lower, upper = bucket_of(terms.latency_buckets, latency.value)
-        bucket = (lower / target_seconds, upper / target_seconds)
+        bucket = _bucket_ratio(terms.latency_buckets, latency.value, target_seconds)
     unresolved = (
         ratio is not None
         and ratio > TUNING.breach_ratio
@@ -241,11 +240,18 @@ def _pool_evidence(
         seconds, served = pool.latency_seconds.value, pool.served_tokens_per_second.value
         if seconds is None or served is None:
             continue
-        lower, upper = bucket_of(bounds, seconds)
         found[name] = PoolEvidence(
-            seconds / target_seconds, (lower / target_seconds, upper / target_seconds), served
+            seconds / target_seconds, _bucket_ratio(bounds, seconds, target_seconds), served
         )
     return found
+
+
+def _bucket_ratio(
+    bounds: tuple[float, ...], seconds: float, target_seconds: float
+) -> tuple[float, float]:
+    """The histogram bucket a latency was read in, over the target."""
+    lower, upper = bucket_of(bounds, seconds)
+    return lower / target_seconds, upper / target_seconds
 
 
 def _load_words(

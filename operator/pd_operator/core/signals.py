@@ -149,7 +149,8 @@ def hand_off_seconds(
 # What each role's latency is called in reasons and logs.
 LATENCY_NAMES: dict[Role, str] = {"prefill": "TTFT", "decode": "ITL"}
 
-# The resolution of any `histogram_quantile` the adapter reads, per engine and role.
+# The engines' default bounds of the histogram each role's latency is read from, per engine
+# and role: where a reading may lie (SGLang's may be set otherwise: `core.histogram_bounds`).
 LATENCY_BUCKETS: dict[str, dict[str, tuple[float, ...]]] = {
     engine: {"prefill": bounds.ttft, "decode": bounds.itl}
     for engine, bounds in DEFAULT_BOUNDS.items()

@@ -85,8 +85,8 @@ PEAK_WINDOW_S = 60.0
 SECONDS_PER_HOUR = 3600.0
 # The bounds of the simulated engines' TTFT and ITL histograms, which the policies read and
 # pd-operator assumes: "engine", the spec's engines' (`core.histogram_bounds.exported_bounds`);
-# "at-targets", the engine's defaults with bounds at the SLO targets (`at_target`), as the
-# operator gives SGLang: what they are worth where the engine (vLLM) has none.
+# "at-targets", the engine's defaults with bounds at the SLO targets (`at_target`), as a user
+# may give SGLang: what they are worth where the engine (vLLM) cannot have them.
 Buckets = Literal["engine", "at-targets"]
 BUCKETS: dict[Buckets, Callable[[PDDeploymentSpec, Role], tuple[float, ...]]] = {
     "engine": exported_bounds,

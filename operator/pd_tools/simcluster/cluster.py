@@ -136,7 +136,7 @@ def running_and_ready(pod: Mapping[str, Any]) -> bool:
 
 def pod_dialect(dialect: Dialect, pod: Mapping[str, Any]) -> Dialect:
     """`dialect` with the latency bounds the pod's engine command line sets (SGLang's
-    `--bucket-*` flags, which the operator passes), as that engine would export them."""
+    `--bucket-*` flags, as `spec.model.args` may give them), as that engine would export them."""
     argv: list[str] = []
     for container in pod["spec"].get("containers") or []:
         if container.get("name") == ENGINE_CONTAINER:
