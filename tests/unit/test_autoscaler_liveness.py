@@ -79,14 +79,15 @@ class Api:
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         return self.apply(manifest)
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         if self.kill_before_status:
             raise KilledError
-        # KubeWriter.patch_status replaces status whole.
+        # KubeWriter.patch_status replaces status whole, and answers with the object.
         self._statuses[(namespace, name)] = copy.deepcopy(dict(status))
         self.status_writes += 1
         if not self.watch_lag:
             self.deliver()
+        return {**(self.cache.pdd((namespace, name)) or {}), "status": copy.deepcopy(dict(status))}
 
     def deliver(self) -> None:
         """The watch brings the statuses written so far."""

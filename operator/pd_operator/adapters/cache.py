@@ -33,6 +33,19 @@ def _owner_uid(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _older(obj: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether `obj` is an earlier version of the same object than `than`. The reconciler
+    records its own writes before their watch events arrive, and an event queued before the
+    write must not put the older version back. etcd's resourceVersions are increasing integers;
+    one that is not (another storage) is never judged older."""
+    if than is None or than["metadata"].get("uid") != obj["metadata"].get("uid"):
+        return False
+    mine, theirs = obj["metadata"].get("resourceVersion"), than["metadata"].get("resourceVersion")
+    if not (isinstance(mine, str) and isinstance(theirs, str)):
+        return False
+    return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
+
+
 def owner_key(obj: Mapping[str, Any]) -> ObjectKey | None:
     """The PDDeployment an object belongs to, by our label."""
     meta = obj["metadata"]
@@ -69,9 +82,19 @@ class ClusterCache:
         with self._lock:
             if deleted:
                 self._pdds.pop(key, None)
-            else:
+            elif not _older(obj, self._pdds.get(key)):
                 self._pdds[key] = obj
         return key
+
+    def refresh_pdd(self, obj: Mapping[str, Any]) -> None:
+        """Record our own write of a PDDeployment, only while it is still the one we know: its
+        deletion's watch event may have arrived first, and must not be undone."""
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        with self._lock:
+            known = self._pdds.get(key)
+            same = known is not None and known["metadata"].get("uid") == obj["metadata"].get("uid")
+            if same and not _older(obj, known):
+                self._pdds[key] = obj
 
     def put_child(self, obj: Mapping[str, Any], deleted: bool = False) -> ObjectKey | None:
         """Record (or forget) a child of ours: a Deployment, Service or PodDisruptionBudget."""
@@ -83,7 +106,7 @@ class ClusterCache:
             children = self._children.setdefault(owner, {})
             if deleted:
                 children.pop(key, None)
-            else:
+            elif not _older(obj, children.get(key)):
                 children[key] = obj
         return owner
 

@@ -379,9 +379,13 @@ class Reconciler:
         meta = body["metadata"]
         if _comparable(status) != _comparable(previous):
             try:
-                self.writer.patch_status(meta["namespace"], meta["name"], status)
+                written = self.writer.patch_status(meta["namespace"], meta["name"], status)
             except ApiException as error:
                 if error.status != 404:  # deleted meanwhile
                     raise
+            else:
+                # Read our own write: a reconcile before its watch event arrives must compare
+                # with this status, or it would say the same events again.
+                self.cache.refresh_pdd(written)
         for event in events:
             self.writer.post_event(body, event.type, event.reason, event.message)
