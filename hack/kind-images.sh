@@ -288,7 +288,7 @@ build_prometheus_image() {
 
 # --- Modes, load, summary -------------------------------------------------------------------------
 offline_engine() {  # the engine kindenv started (its runtime wrapper), where nothing is pulled
-  "$DOCKER" info --format '{{json .Runtimes}}' 2>/dev/null | grep -q pd-runc-nosysresource
+  "$DOCKER" info --format '{{json .Runtimes}}' 2>/dev/null | grep pd-runc-nosysresource >/dev/null
 }
 
 build_with_dockerfiles() {
@@ -317,7 +317,7 @@ kind_load() {
   kind=$(sed -n 's/^KIND=//p' "$kindenv_env" 2>/dev/null || true); kind=${KIND:-${kind:-kind}}
   kubectl=$(sed -n 's/^KUBECTL=//p' "$kindenv_env" 2>/dev/null || true)
   kubeconfig=$(sed -n 's/^KUBECONFIG_FILE=//p' "$kindenv_env" 2>/dev/null || true)
-  if ! command -v "$kind" >/dev/null 2>&1 || ! "$kind" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  if ! command -v "$kind" >/dev/null 2>&1 || ! "$kind" get clusters 2>/dev/null | grep -x "$CLUSTER" >/dev/null; then
     log "no kind cluster '$CLUSTER': images built, not loaded (make kind-up, then this again)"
     return 0
   fi

@@ -43,7 +43,7 @@ require_docker_and_kind() {
   "$DOCKER" info >/dev/null 2>&1 || missing "the Docker daemon does not answer ('$DOCKER info' failed)."
 }
 
-cluster_exists() { "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; }
+cluster_exists() { "$KIND" get clusters 2>/dev/null | grep -x "$CLUSTER" >/dev/null; }
 
 up() {
   require_docker_and_kind  # `make kind-up` runs `make kindenv` first, which provides both
@@ -72,7 +72,7 @@ e2e() {
   k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
   step "images (make kind-images)" bash hack/kind-images.sh build
-  local operator_image; operator_image=$(bash hack/kind-images.sh tags | head -n 1)
+  local operator_image; operator_image=$(bash hack/kind-images.sh tags | sed -n 1p)
   # kind-up's tooling applied the CRD already (server-side, outside Helm): keep it out of the
   # release (crds.install=false) and update it the way such installs do (docs/install.md).
   k apply --server-side --force-conflicts -f crds/ >/dev/null

@@ -62,7 +62,7 @@ install_packages() {
 
 our_dockerd_pid() {
   local pid; pid=$(cat "$dockerd_pid_file" 2>/dev/null) || return 1
-  [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "dockerd .*--pidfile $dockerd_pid_file" \
+  [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep "dockerd .*--pidfile $dockerd_pid_file" >/dev/null \
     && echo "$pid"
 }
 
@@ -92,7 +92,7 @@ record_host_state() {
   {
     echo "IP_FORWARD=$(sysctl -n net.ipv4.ip_forward)"
     echo "FORWARD_POLICY=$(iptables -S FORWARD | awk '$1 == "-P" {print $3}')"
-    if iptables-save | grep -q '^:DOCKER'; then echo HAD_DOCKER_CHAINS=1; else echo HAD_DOCKER_CHAINS=0; fi
+    if iptables-save | grep '^:DOCKER' >/dev/null; then echo HAD_DOCKER_CHAINS=1; else echo HAD_DOCKER_CHAINS=0; fi
   } >"$state/host-before.env"
 }
 
@@ -355,7 +355,7 @@ build() {
   case $KINDENV_NODE_IMAGE in
     auto)
       # An engine with kindenv's runtime wrapper is one kindenv set up, even if not its child now.
-      if [ -n "$docker_ours" ] || docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q "$runtime_name"; then
+      if [ -n "$docker_ours" ] || docker info --format '{{json .Runtimes}}' 2>/dev/null | grep "$runtime_name" >/dev/null; then
         node_image_mode=local
       else
         node_image_mode=published
@@ -427,7 +427,7 @@ apply_cni() {
 up() {
   build
   cd "$repo"
-  if "$bin/kind" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  if "$bin/kind" get clusters 2>/dev/null | grep -x "$CLUSTER" >/dev/null; then
     log "cluster '$CLUSTER' exists"
   else
     ensure_network
@@ -453,7 +453,7 @@ up() {
 
 down() {
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
-    if [ -x "$bin/kind" ] && "$bin/kind" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+    if [ -x "$bin/kind" ] && "$bin/kind" get clusters 2>/dev/null | grep -x "$CLUSTER" >/dev/null; then
       "$bin/kind" delete cluster --name "$CLUSTER"
     fi
     # Only our network: the one on the pinned subnet with no containers left.
