@@ -112,15 +112,20 @@ def test_the_kv_hand_off_is_read_from_the_connector_or_inferred(prometheus, engi
             pulls.itl.labels(model_name="m").observe(0.015)
         signals, _ = reader.read([target("nixl"), target("bare")])
         found = [signals[("ns", name, "prefill")].kv_transfer_seconds for name in ("nixl", "bare")]
+        waits = signals[("ns", "bare", "prefill")].queue_seconds
         # The decode engine (which holds the connector's histogram) is scraped on its own
         # schedule: until it has two scrapes, nixl's hand-off is the remainder, as it should be.
         pulled = signals[("ns", "nixl", "decode")].itl_seconds
-        ready = pulled.kind is ReadingKind.VALUE and all(r.kind is ReadingKind.VALUE for r in found)
-        return found if ready else None
+        ready = pulled.kind is ReadingKind.VALUE and all(
+            r.kind is ReadingKind.VALUE for r in (*found, waits)
+        )
+        return (*found, waits) if ready else None
 
-    connector, inferred = wait_for(observe_and_read, timeout=40, interval=1, what="hand-off")
+    connector, inferred, waits = wait_for(observe_and_read, timeout=40, interval=1, what="hand-off")
     assert connector.value == pytest.approx(2.5)
     assert inferred.value == pytest.approx(3.5)  # 5 s TTFT less 1 s queue and 0.5 s prefill
+    # The prompts' mean wait, which says whether queueing can explain a TTFT tail.
+    assert waits.value == pytest.approx(1.0)
 
 
 def test_each_pool_of_a_role_is_read_on_its_own_and_the_role_as_their_sum(prometheus, engines):

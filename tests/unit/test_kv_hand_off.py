@@ -149,7 +149,8 @@ def test_the_reader_asks_for_the_connector_mean_as_the_prefill_roles():
 def test_the_engine_simulator_on_a_slow_fabric_breaches_ttft_and_prefill_is_not_grown():
     """One S5000 prefill and one H200 decode replica, an 8K-token prompt every 4 s, the KV link
     at 188 MB/s (congested TCP): each hand-off takes 8 s, prefill 0.3 s. TTFT breaches its 6 s
-    target; prefill is not grown for it. Read without the transfer, prefill grew."""
+    target; prefill is not grown for it. Read without the transfer and the prompts' wait,
+    prefill grew."""
     prompt, link = 8000, 188e6
     requests = [Request(4.0 * i, prompt, 20) for i in range(100)]
     engine = PDEngine(requests, model=GLM_45_FP8, link_bytes_per_second=link)
@@ -173,7 +174,14 @@ def test_the_engine_simulator_on_a_slow_fabric_breaches_ttft_and_prefill_is_not_
     decision = decide(PROFILED, Observation(signals, pools), PolicyState(), now)
     assert replicas(decision) == 1 and limit(decision) == "fabric"
     assert decision is not None and "the fabric (NIXL over TCP), not prefill" in decision.reason
-    blind = {**signals, "prefill": replace(signals["prefill"], kv_transfer_seconds=NOT_READ)}
+    # Without the transfer, the prompts' mean wait (about none) still says that waiting did not
+    # make the breach: prefill is not grown, and the reason says why. Without either, it grew.
+    no_transfer = replace(signals["prefill"], kv_transfer_seconds=NOT_READ)
+    waits_only = decide(PROFILED, Observation({**signals, "prefill": no_transfer}, pools),
+                        PolicyState(), now)  # fmt: skip
+    assert replicas(waits_only) == 1
+    assert waits_only is not None and "with prompts waiting 0s on average" in waits_only.reason
+    blind = {**signals, "prefill": replace(no_transfer, queue_seconds=NOT_READ)}
     assert replicas(decide(PROFILED, Observation(blind, pools), PolicyState(), now)) > 1
 
 

@@ -214,6 +214,46 @@ def test_a_tail_far_over_the_target_holds_the_size_and_a_small_one_lets_it_shrin
     assert min(sizes(2.0, 0.8)) >= 3
 
 
+@pytest.mark.parametrize(
+    ("wait_ratio", "mean_ratio", "expected"),
+    [
+        # Prompts barely wait (mean 0.2% of the target): no wait explains a tail 1x over it,
+        # so prompts too long for the target set it. The demand's two replicas serve the rest.
+        (0.002, 0.2, {3, 2}),
+        # The same with the mean near the target: the prompts are slow on their own, and more
+        # replicas would not make them faster; no replica is added for it.
+        (0.002, 0.8, {3, 2}),
+        # Prompts wait 5% of the target on average: queueing may explain the tail (1% of them
+        # waiting a whole target), so it holds the size as before.
+        (0.05, 0.2, {3}),
+    ],
+)
+def test_a_tail_the_prompts_waits_cannot_explain_holds_nothing(wait_ratio, mean_ratio, expected):
+    # P99 TTFT at 2x the target. Markov: at most mean wait / (1x target) of the prompts waited
+    # the excess; under the 1% tail, prompts too long on their own fill it.
+    now, state, current, sizes = T0, calibrated(P99, {"prefill": 1000.0, "decode": 500.0}), 3, []
+    target = target_seconds(P99, "prefill")
+    for _ in range(14):
+        observation = observe(
+            P99, now, {("prefill", "p"): current, ("decode", "d"): 1},
+            prefill={"ratio": 2.0, "tokens": 1200.0},
+        )  # fmt: skip
+        prefill = replace(
+            observation.signals["prefill"],
+            mean_latency_seconds=Reading.of(mean_ratio * target),
+            queue_seconds=Reading.of(wait_ratio * target),
+        )
+        observation = replace(observation, signals={**observation.signals, "prefill": prefill})
+        decision = decide(P99, observation, state, now)
+        assert decision is not None
+        if expected != {3}:
+            assert "with prompts waiting" in decision.reason
+        current, state, now = replicas(decision), decision.state, now + INTERVAL
+        sizes.append(current)
+    assert set(sizes) == expected
+    assert sizes[-1] == min(expected)
+
+
 # ---------------------------------------------------------------- unknown is never zero
 @pytest.mark.parametrize(
     "broken",

@@ -355,6 +355,7 @@ class PrometheusReader:
             if role == "prefill":
                 ttft_mean = read.get("mean_latency_seconds", NOT_READ)
                 read["kv_transfer_seconds"] = hand_off_seconds(ttft_mean, queue, compute, connector)
+                read["queue_seconds"] = queue
         role_keys = [(t.namespace, t.name, r) for t in targets for r in ("prefill", "decode")]
         return {
             key: RoleSignals(

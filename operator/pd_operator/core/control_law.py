@@ -80,6 +80,11 @@ class RoleLoad:
     # (`saturated`): then the replicas are short, whatever the tail (a mixed load on a
     # compressed day held prefill at 4 with 119 prompts waiting).
     tail_only: bool = False
+    # Prefill: over the target by more than the prompts' waits can explain (`waits_explain`):
+    # prompts too long for the target on their own set the percentile. It is a tail
+    # (`tail_only`) that does not hold the size either: shedding a replica adds waits, which
+    # the demand's queueing model sizes for, not what this percentile measures.
+    beyond_waits: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
     # Prefill: a TTFT breach that the KV hand-off to decode explains (`transfer_explains`):
     # more prefill would not lower it, so feedback does not grow prefill for it.
@@ -199,6 +204,16 @@ def read_load(
         and not unresolved
         and transfer_explains(seconds, transfer, target_seconds)
     )
+    # The KV hand-off is part of a prompt's own TTFT: where it explains the breach, that is
+    # the more precise answer.
+    beyond_waits = (
+        role == "prefill"
+        and not saturated
+        and not fabric
+        and not waits_explain(ratio, signals.queue_seconds, terms.share, target_seconds)
+    )
+    if beyond_waits and not unresolved and signals.queue_seconds.value is not None:
+        words[0] += f" with prompts waiting {signals.queue_seconds.value:.2g}s on average"
     if fabric and seconds is not None and transfer.value is not None:
         words[0] = (
             f"{name} {seconds:.1f}s over {target_seconds:g}s target, of which KV transfer "
@@ -223,11 +238,27 @@ def read_load(
         waiting_requests=waiting,
         saturated=saturated,
         nothing_finished=latency.value is None and seconds is not None,
-        tail_only=_tail_only(target, ratio, signals, target_seconds) and not saturated,
+        tail_only=(_tail_only(target, ratio, signals, target_seconds) or beyond_waits)
+        and not saturated,
+        beyond_waits=beyond_waits,
         breach_unresolved=unresolved,
         fabric_bound=fabric,
         pools=_pool_evidence(terms.latency_buckets, signals, target_seconds),
     )
+
+
+def waits_explain(ratio: float | None, queue: Reading, share: float, target_seconds: float) -> bool:
+    """Whether the prompts' waits can put the percentile that far over the target.
+
+    A prompt that its own prefill serves within the target is over it by `excess` only after
+    waiting at least that long, and by Markov's inequality at most mean wait / excess of the
+    prompts wait that long. Under the percentile's tail share (1 - share), prompts too long for
+    the target on their own fill the tail, and no replica count brings it back. Not read, or
+    within the target: they may.
+    """
+    if ratio is None or ratio <= 1 or queue.value is None:
+        return True
+    return queue.value >= (1 - share) * (ratio - 1) * target_seconds
 
 
 def _pool_evidence(
@@ -363,7 +394,7 @@ def role_need(
             if not (load.capacity_arriving and sizes_growth) and not load.fabric_bound:
                 grow.append(feedback)
         holding = TUNING.tail_hold_ratio if load.tail_only else TUNING.hold_ratio
-        if ratio >= holding and resolved:
+        if ratio >= holding and resolved and not load.beyond_waits:
             floors.append(placeable_capacity)
     if demand is not None and capacity.basis is not None:
         if sizes_growth:

@@ -106,6 +106,9 @@ class RoleSignals:
     mean_latency_seconds: Reading = NOT_READ
     # Prefill: the mean KV hand-off to decode inside the TTFT read (`hand_off_seconds`).
     kv_transfer_seconds: Reading = NOT_READ
+    # Prefill: a prompt's mean wait in the engines' queue over the window (vLLM's
+    # request_queue_time, SGLang's queue_time): what queueing adds to the TTFT.
+    queue_seconds: Reading = NOT_READ
     # With `spec.scaling.seasonal`: what the role served (tokens/s) from this moment one, two,
     # ... periods ago onwards (`core.seasonal.Season`); empty: not read or no history.
     seasons: tuple[Season, ...] = ()

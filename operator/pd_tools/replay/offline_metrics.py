@@ -198,9 +198,10 @@ def role_signals(
         mean = (b.latency_sum - a.latency_sum) / delta[-1] if delta[-1] > 0 else math.nan
         mean_latency = NO_TRAFFIC if math.isnan(mean) else Reading.of(mean)
         # The connector's transfers are recorded on decode, the TTFT on prefill.
+        queue = _mean(a.queue_time, b.queue_time)
         hand_off = hand_off_seconds(
             mean_latency,
-            _mean(a.queue_time, b.queue_time),
+            queue,
             _mean(a.prefill_time, b.prefill_time),
             _mean(first.roles["decode"].kv_transfer, last.roles["decode"].kv_transfer),
         )
@@ -219,6 +220,7 @@ def role_signals(
             ),
             mean_latency_seconds=mean_latency,
             kv_transfer_seconds=hand_off if role == "prefill" else unavailable("decode"),
+            queue_seconds=queue if role == "prefill" else unavailable("decode"),
             pools=_pool_signals(a, b, PERCENTILE_SHARES[target.percentile], span),
         )
     return out
