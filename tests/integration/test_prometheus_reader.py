@@ -224,7 +224,10 @@ def test_an_engine_without_prefix_cache_counters_is_not_reported_misconfigured(p
             gauge.labels(model_name="m").set(0)
         signals, report = reader.read([target("c")])
         prefill = signals[("ns", "c", "prefill")]
-        return (prefill, report) if prefill.prompt_tokens_per_second.value else None
+        # Every series the engine has, read as a value: from then on only the missing prefix
+        # cache counter could be blamed.
+        read = (prefill.prompt_tokens_per_second, prefill.ttft_seconds, prefill.queue_depth)
+        return (prefill, report) if all(r.kind is ReadingKind.VALUE for r in read) else None
 
     prefill, report = wait_for(read_with_every_series, timeout=40, what="a rate over scrapes")
     assert prefill.cached_prompt_tokens_per_second.kind is ReadingKind.UNAVAILABLE
