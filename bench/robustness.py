@@ -21,9 +21,10 @@ the scenarios of such a file instead of drawing; `--only ID` runs only the scena
 scaled. `--examples` runs the two shapes issue #29 names instead (`sim.families.examples`).
 `--oracle-cache FILE` keeps the oracle's results per scenario, as bench/windows.py does:
 delete it when the simulator changes. `--buckets at-targets` has the simulated engines export
-TTFT and ITL histograms with bounds at the targets and at 0.85 of them, as the operator gives
-SGLang (core.histogram_bounds.at_target; pd-operator assumes them), where `engine` (the
-default) keeps the engine's own bounds (vLLM's: none at 20 ms); the oracle's search reads no
+TTFT and ITL histograms with bounds at the targets and at 0.85 of them, as a user may give
+SGLang in `spec.model.args` (core.histogram_bounds.at_target; pd-operator assumes them; the
+operator does not set them itself), where `engine` (the default) keeps the engine's own bounds
+(vLLM's: none at 20 ms); the oracle's search reads no
 histogram, so its cache serves both. 5 to 6 minutes per seed on two cores at the defaults (the
 oracle's search is 85% of it); about 1 minute with the oracle cached.
 """

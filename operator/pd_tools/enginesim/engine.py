@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Literal, TypeVar
 
@@ -77,6 +77,13 @@ class LatencyBuckets:
         for bounds in (self.ttft_s, self.itl_s, self.e2e_s, self.kv_transfer_s):
             if not bounds or any(b >= c for b, c in itertools.pairwise(bounds)):
                 raise ValueError("bucket bounds must be non-empty and strictly increasing")
+
+    def with_latency(
+        self, ttft_s: tuple[float, ...] | None, itl_s: tuple[float, ...] | None
+    ) -> "LatencyBuckets":
+        """These bounds with the TTFT and ITL ones replaced where given (SGLang's --bucket-*
+        flags); empty or None keeps them."""
+        return replace(self, ttft_s=ttft_s or self.ttft_s, itl_s=itl_s or self.itl_s)
 
 
 VLLM_BUCKETS = LatencyBuckets(VLLM_BOUNDS.ttft, VLLM_BOUNDS.itl, VLLM_BOUNDS.e2e)

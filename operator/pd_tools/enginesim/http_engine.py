@@ -424,13 +424,9 @@ def _sglang_config(argv: Sequence[str], env: Mapping[str, str]) -> EngineConfig:
     bootstrap_port = args.disaggregation_bootstrap_port
     if not 0 <= bootstrap_port < 65_536:  # 0: any free port, as with --port
         raise ConfigError(f"--disaggregation-bootstrap-port {bootstrap_port} is not a port")
-    defaults = SGLANG.buckets
-    bounds = dataclasses.replace(
-        defaults,
-        ttft_s=_bounds("--bucket-time-to-first-token", args.bucket_time_to_first_token)
-        or defaults.ttft_s,
-        itl_s=_bounds("--bucket-inter-token-latency", args.bucket_inter_token_latency)
-        or defaults.itl_s,
+    bounds = SGLANG.buckets.with_latency(
+        _bounds("--bucket-time-to-first-token", args.bucket_time_to_first_token),
+        _bounds("--bucket-inter-token-latency", args.bucket_inter_token_latency),
     )
     return EngineConfig(
         served_names=(args.served_model_name or args.model_path,),

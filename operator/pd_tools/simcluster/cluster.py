@@ -145,10 +145,7 @@ def pod_dialect(dialect: Dialect, pod: Mapping[str, Any]) -> Dialect:
     itl = bounds_in_args(argv, SGLANG_BUCKET_FLAGS["decode"])
     if not ttft and not itl:
         return dialect
-    buckets = replace(
-        dialect.buckets, ttft_s=ttft or dialect.buckets.ttft_s, itl_s=itl or dialect.buckets.itl_s
-    )
-    return replace(dialect, buckets=buckets)
+    return replace(dialect, buckets=dialect.buckets.with_latency(ttft, itl))
 
 
 class SimDeployment:
