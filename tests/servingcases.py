@@ -19,7 +19,11 @@ TIME_SCALE = 0.02
 
 
 def pdd_body(
-    prefill: int = 1, router: bool = True, policy: str = "CacheAware", engine: str = "VLLM"
+    prefill: int = 1,
+    router: bool = True,
+    policy: str = "CacheAware",
+    engine: str = "VLLM",
+    drain_seconds: int = 0,
 ) -> dict[str, Any]:
     body = copy.deepcopy(load_sample(ROOT / "config" / "samples" / "heterogeneous-s5000-h200.yaml"))
     body["metadata"]["name"] = NAME
@@ -31,7 +35,7 @@ def pdd_body(
         pool["template"] = {**pool.get("template", {}), "schedulerName": SCHEDULER_NAME}
         pool["replicas"] = {"min": count, "max": count}
     spec["scaling"] = {"mode": "Disabled"}  # replicas move only when the test says so
-    spec["termination"] = {"drainSeconds": 0}
+    spec["termination"] = {"drainSeconds": drain_seconds}
     spec["router"] = {
         "enabled": router,
         "prefillPolicy": policy,

@@ -240,10 +240,9 @@ def test_router_disabled_creates_no_router_objects(api_client, namespace, operat
     assert "endpoint" not in get_pdd(api_client, namespace, NAME)["status"]
 
 
-def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_hang(
-    api_client, namespace, operator, virtual
-):
-    create_pdd(api_client, namespace, pdd_body())
+def delete_decode_mid_stream(api_client, namespace: str, timeout_s: float) -> Any:
+    """20 streams of 2,000 tokens (20 s or more each) through the endpoint; the only decode pod
+    is deleted 3 s in, while every stream still runs. The load's result."""
     url = ready_endpoint(api_client, namespace)
     (decode,) = (
         client.CoreV1Api(api_client)
@@ -252,12 +251,9 @@ def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_
         )
         .items
     )
-    timeout_s = 60.0
     config = LoadConfig(url=url, model=MODEL, max_in_flight=64, timeout_s=timeout_s, deadline_s=120)
 
     async def load_and_delete():
-        # 20 streams of 2,000 tokens (20 s or more each); the decode pod is deleted 3 s in and
-        # its engine killed 5 s after SIGTERM, while every stream still runs.
         running = asyncio.create_task(replay(requests(20, 10.0, 200, 2000), config))
         await asyncio.sleep(3.0)
         await asyncio.to_thread(
@@ -265,7 +261,16 @@ def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_
         )
         return await running
 
-    result = asyncio.run(load_and_delete())
+    return asyncio.run(load_and_delete())
+
+
+def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_hang(
+    api_client, namespace, operator, virtual
+):
+    # drainSeconds 0: the engine is stopped (killed 5 s after SIGTERM) with every stream running.
+    create_pdd(api_client, namespace, pdd_body())
+    timeout_s = 60.0
+    result = delete_decode_mid_stream(api_client, namespace, timeout_s)
     for record in result.records:
         assert record.end_s is not None and record.start_s is not None, record
         assert record.reason != TIMEOUT, record
@@ -273,6 +278,17 @@ def test_a_decode_pod_deleted_mid_stream_ends_its_streams_with_an_error_never_a_
     cut = [r for r in result.records if r.reason is not None]
     assert cut, "deleting the only decode replica mid-stream must cut some streams"
     assert all(r.tokens < r.output_tokens for r in cut)
+
+
+def test_a_decode_pod_deleted_mid_stream_with_a_drain_finishes_every_stream(
+    api_client, namespace, operator, virtual
+):
+    """The engine's preStop hook (run by the kubelet, against the engine's own /metrics) holds
+    its stop until the streams it runs are done."""
+    create_pdd(api_client, namespace, pdd_body(drain_seconds=60))
+    result = delete_decode_mid_stream(api_client, namespace, timeout_s=60.0)
+    unfinished = [r for r in result.records if r.reason is not None or r.tokens < r.output_tokens]
+    assert len(result.records) == 20 and not unfinished, unfinished[:3]
 
 
 def test_a_ttft_breach_through_the_router_scales_prefill(
@@ -458,7 +474,8 @@ def test_an_image_change_rolls_both_roles_and_the_router_together_while_requests
     """The new revision starts beside the old one; the router switches to it once both roles
     are Ready; the old pods go. Requests sent all along are answered, none by a mix of
     revisions the router could not serve."""
-    create_pdd(api_client, namespace, pdd_body())
+    # The default drain: a replica the rollout removes finishes what the router sent it.
+    create_pdd(api_client, namespace, pdd_body(drain_seconds=60))
     ready_endpoint(api_client, namespace)
     (first,) = (
         client.CoreV1Api(api_client)

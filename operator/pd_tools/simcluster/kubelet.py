@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 POD_ADDRESSES = ipaddress.IPv4Network("198.19.128.0/17")
 # Sandbox and a cached image: the engine image is assumed to be on the node already.
 CONTAINER_CREATING_SECONDS = 5.0
-# From a deletion to the pod object being gone: the engine drains quickly in a simulation.
+# From a deletion to the pod object being gone, for a pod without a real preStop hook to run.
 SHUTDOWN_SECONDS = 2.0
 # What the DefaultTolerationSeconds admission plugin gives pods that set no toleration themselves.
 DEFAULT_UNREACHABLE_TOLERATION_SECONDS = 300
@@ -121,6 +121,10 @@ def _merged(older: Mapping[str, Any] | None, newer: Mapping[str, Any]) -> dict[s
 
 def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list((pod.get("spec") or {}).get("containers") or [])
+
+
+def _has_pre_stop(pod: Mapping[str, Any]) -> bool:
+    return any((c.get("lifecycle") or {}).get("preStop") for c in _containers(pod))
 
 
 class VirtualKubelet:
@@ -252,8 +256,14 @@ class VirtualKubelet:
             if meta.get("deletionTimestamp") and run.stage not in ("deleting", "lost"):
                 run.stage = "deleting"
                 run.epoch += 1
-                grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
-                self._after(min(float(grace), SHUTDOWN_SECONDS), run, "delete")
+                grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+                if self._serves(run) and _has_pre_stop(pod):
+                    # A real engine drains in its preStop hook: it runs in real time.
+                    threading.Thread(
+                        target=self._drain_then_delete, args=(run, run.epoch, grace), daemon=True
+                    ).start()
+                else:
+                    self._after(min(grace, SHUTDOWN_SECONDS), run, "delete")
 
     # -- actions (on the worker pool; those that only set status on the timer thread) --------
 
@@ -488,6 +498,13 @@ class VirtualKubelet:
         )
         with self._lock:
             run.stage = "ready"
+
+    def _drain_then_delete(self, run: PodRun, epoch: int, grace: float) -> None:
+        assert self.processes is not None
+        self.processes.pre_stop(run.pod, grace)
+        with self._lock:
+            if not self._stopping and run.epoch == epoch:
+                self._after(0.0, run, "delete")
 
     def _do_delete(self, run: PodRun) -> None:
         if self.processes is not None:

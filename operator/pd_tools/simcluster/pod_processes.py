@@ -362,6 +362,30 @@ class PodProcesses:
         temporary.write_text(json.dumps(list(self._targets.values())))
         os.replace(temporary, self.sd_file)
 
+    def pre_stop(self, pod: Mapping[str, Any], seconds: float) -> None:
+        """Run each container's preStop exec hook, as the kubelet does before SIGTERM, for at
+        most `seconds` in all. The pod's own loopback is its address here, so the hook's
+        127.0.0.1 becomes it, and `python3` this Python."""
+        process = self.running.get(pod["metadata"]["uid"])
+        if process is None:
+            return
+        deadline = time.monotonic() + seconds
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}
+            argv = [word.replace("127.0.0.1", process.ip) for word in hook.get("command") or []]
+            if not argv:
+                continue
+            if argv[0] == "python3":
+                argv[0] = sys.executable
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                subprocess.run(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    check=False,
+                )
+
     def stop(self, uid: str, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         """SIGTERM, then SIGKILL after the grace period; forget the process and its target."""
         with self._lock:
