@@ -73,6 +73,35 @@ def test_a_breach_the_histogram_cannot_resolve_neither_grows_nor_holds(decode, g
 
 
 P99 = spec_of({"slo.ttft.percentile": "P99"})
+ITL_P99 = spec_of({"slo.itl.percentile": "P99"})
+
+
+@pytest.mark.parametrize(
+    ("spec", "mean_ratio", "grows", "words"),
+    [
+        # A P99 read in the (10, 25] ms bucket with the exact mean at 24 ms: the P99 is at least
+        # the mean, past the tolerance: a breach, and the reason says the mean decided.
+        (ITL_P99, 1.2, True, "ITL P99 at least 1.20x target (its mean; the percentile's"),
+        # A mean under the bucket's lower bound places nothing: the demand decides.
+        (ITL_P99, 0.4, False, "ITL P99 0.5-1.2x target (its histogram bucket): the demand"),
+        # The median is no bound on the mean (a skewed latency's mean is above it).
+        (SPEC, 1.2, False, "ITL P50 0.5-1.2x target (its histogram bucket): the demand"),
+    ],
+)
+def test_the_exact_mean_places_a_tail_percentile_its_bucket_cannot(spec, mean_ratio, grows, words):
+    observation = observe(
+        spec, T0, {("prefill", "p"): 2, ("decode", "d"): 2},
+        decode={"ratio": 24.87 / 20, "tokens": 2000.0},
+    )  # fmt: skip
+    decode = replace(
+        observation.signals["decode"],
+        mean_latency_seconds=Reading.of(mean_ratio * target_seconds(spec, "decode")),
+    )
+    observation = replace(observation, signals={**observation.signals, "decode": decode})
+    decision = decide(spec, observation, PolicyState(), T0)
+    assert decision is not None
+    assert (replicas(decision, "decode", "d") > 2) is grows
+    assert words in decision.reason
 
 
 @pytest.mark.parametrize(

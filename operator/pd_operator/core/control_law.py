@@ -26,7 +26,7 @@ from typing import Literal
 
 from pd_operator.api.spec import KVTransferSpec, LatencyTarget, Role
 from pd_operator.core.learning import PoolEvidence, RoleCapacity
-from pd_operator.core.resolved import ResolvedSpec
+from pd_operator.core.resolved import ResolvedSpec, RoleTerms
 from pd_operator.core.signals import Reading, ReadingKind, RoleSignals, bucket_of
 from pd_operator.core.tuning import TUNING
 
@@ -85,6 +85,10 @@ class RoleLoad:
     # (`tail_only`) that does not hold the size either: shedding a replica adds waits, which
     # the demand's queueing model sizes for, not what this percentile measures.
     beyond_waits: bool = False
+    # The percentile's bucket could not place it, and the exact mean, a lower bound of it, did
+    # (`latency_ratio` is then the mean's). A floor of the latency the load does not move
+    # (a slow card's step) reads the same, so it teaches nothing about capacity per replica.
+    latency_from_mean: bool = False
     nothing_finished: bool = False  # requests were held but none finished in the window
     # Prefill: a TTFT breach that the KV hand-off to decode explains (`transfer_explains`):
     # more prefill would not lower it, so feedback does not grow prefill for it.
@@ -184,19 +188,13 @@ def read_load(
         and waiting > 0
         and waiting * (mean_prompt or 0.0) >= (served or 0.0) * target_seconds
     )
-    bucket = None
-    if latency.value is not None:
-        bucket = _bucket_ratio(terms.latency_buckets, latency.value, target_seconds)
-    unresolved = (
-        ratio is not None
-        and ratio > TUNING.breach_ratio
-        and bucket is not None
-        and bucket[0] < 1
-        # Queueing confirms it: prefill requests waiting for compute, or decode requests
-        # short of KV room (one decode request waiting for the next step is no shortage).
-        and not (waiting if role == "prefill" else (pressure or 0.0) >= TUNING.kv_target)
+    # Queueing confirms a breach: prefill requests waiting for compute, or decode requests
+    # short of KV room (one decode request waiting for the next step is no shortage).
+    queued = bool(waiting if role == "prefill" else (pressure or 0.0) >= TUNING.kv_target)
+    ratio, bucket, unresolved, by_mean = _placed(
+        ratio, latency.value, terms, queued=queued, mean=signals.mean_latency_seconds
     )
-    words = [_latency_words(name, target.percentile, ratio, bucket, unresolved)]
+    words = [_latency_words(name, target.percentile, ratio, bucket, unresolved, by_mean=by_mean)]
     transfer = signals.kv_transfer_seconds
     fabric = (
         role == "prefill"
@@ -242,6 +240,7 @@ def read_load(
         and not saturated,
         beyond_waits=beyond_waits,
         breach_unresolved=unresolved,
+        latency_from_mean=by_mean,
         fabric_bound=fabric,
         pools=_pool_evidence(terms.latency_buckets, signals, target_seconds),
     )
@@ -277,6 +276,38 @@ def _pool_evidence(
     return found
 
 
+def _placed(
+    ratio: float | None, seconds: float | None, terms: RoleTerms, *, queued: bool, mean: Reading
+) -> tuple[float | None, tuple[float, float] | None, bool, bool]:
+    """The latency ratio, the bucket over the target that the percentile `seconds` was read in
+    (None: none read), whether it is an unresolved breach (over the tolerance in a bucket that
+    also holds values under the target, no queue confirming it), and whether the exact mean
+    placed it instead (`_placed_by_mean`)."""
+    if ratio is None or seconds is None:
+        return ratio, None, False, False
+    target_seconds = terms.target.target_milliseconds / 1000
+    bucket = _bucket_ratio(terms.latency_buckets, seconds, target_seconds)
+    if not (ratio > TUNING.breach_ratio and bucket[0] < 1 and not queued):
+        return ratio, bucket, False, False
+    placed = _placed_by_mean(bucket, mean, terms.target.percentile, target_seconds)
+    if placed is None:
+        return ratio, bucket, True, False
+    return placed[0], placed, False, True
+
+
+def _placed_by_mean(
+    bucket: tuple[float, float] | None, mean: Reading, percentile: str, target_seconds: float
+) -> tuple[float, float] | None:
+    """Where the exact mean (sum over count) places a tail percentile its bucket could not:
+    such a percentile is at least the mean unless a tenth or less of the observations, far out,
+    carry it (not a latency that steps or queues make), so a mean inside the bucket narrows it
+    from below, to (mean, bucket top) over the target. None: the mean says nothing more."""
+    if bucket is None or mean.value is None or percentile not in TUNING.tail_percentiles:
+        return None
+    ratio = mean.value / target_seconds
+    return (ratio, bucket[1]) if ratio > bucket[0] else None
+
+
 def _bucket_ratio(
     bounds: tuple[float, ...], seconds: float, target_seconds: float
 ) -> tuple[float, float]:
@@ -310,6 +341,8 @@ def _latency_words(
     ratio: float | None,
     bucket: tuple[float, float] | None,
     unresolved: bool,
+    *,
+    by_mean: bool = False,
 ) -> str:
     """The latency reading in words: the interpolated ratio, or, where the percentile lies in a
     bucket around the target that no queue confirms as a breach, the bucket and that the
@@ -317,6 +350,11 @@ def _latency_words(
     whatever the load: "1.24x" said nothing)."""
     if ratio is None:
         return f"no {name} sample"
+    if by_mean and bucket is not None:
+        return (
+            f"{name} {percentile} at least {ratio:.2f}x target (its mean; the percentile's "
+            f"histogram bucket reaches {bucket[1]:.2g}x)"
+        )
     if not unresolved or bucket is None:
         return f"{name} {ratio:.2f}x target"
     lower, upper = (f"{bound:.2g}" for bound in bucket)

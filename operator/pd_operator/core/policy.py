@@ -309,7 +309,9 @@ def _capacity(
     arrived_only = not settled and not any(p.left_within(now, window) for p in pools)
     # A futile breach says nothing about capacity: replicas were not what it lacked.
     active = load.status == "active" and (settled or arrived_only) and not load.futile
-    usable = active and not (load.breach_unresolved or load.tail_only or load.fabric_bound)
+    usable = active and not (
+        load.breach_unresolved or load.latency_from_mean or load.tail_only or load.fabric_bound
+    )
     memory = state.role(role)
     return estimate_capacity(
         resolved,
