@@ -73,6 +73,17 @@ def test_a_breach_the_histogram_cannot_resolve_neither_grows_nor_holds(decode, g
 
 
 P99 = spec_of({"slo.ttft.percentile": "P99"})
+
+
+def with_mean(spec, observation, role, mean_ratio):
+    """The observation with the role's mean latency at `mean_ratio` x its target."""
+    read = replace(
+        observation.signals[role],
+        mean_latency_seconds=Reading.of(mean_ratio * target_seconds(spec, role)),
+    )
+    return replace(observation, signals={**observation.signals, role: read})
+
+
 ITL_P99 = spec_of({"slo.itl.percentile": "P99"})
 
 
@@ -93,12 +104,7 @@ def test_the_exact_mean_places_a_tail_percentile_its_bucket_cannot(spec, mean_ra
         spec, T0, {("prefill", "p"): 2, ("decode", "d"): 2},
         decode={"ratio": 24.87 / 20, "tokens": 2000.0},
     )  # fmt: skip
-    decode = replace(
-        observation.signals["decode"],
-        mean_latency_seconds=Reading.of(mean_ratio * target_seconds(spec, "decode")),
-    )
-    observation = replace(observation, signals={**observation.signals, "decode": decode})
-    decision = decide(spec, observation, PolicyState(), T0)
+    decision = decide(spec, with_mean(spec, observation, "decode", mean_ratio), PolicyState(), T0)
     assert decision is not None
     assert (replicas(decision, "decode", "d") > 2) is grows
     assert words in decision.reason
@@ -127,12 +133,7 @@ def test_a_tail_percentile_set_by_a_few_long_requests_adds_no_replicas(
         spec, T0, {("prefill", "p"): 2, ("decode", "d"): 2},
         prefill={"ratio": 2.0, "tokens": 2000.0, "queue": queue},
     )  # fmt: skip
-    prefill = replace(
-        observation.signals["prefill"],
-        mean_latency_seconds=Reading.of(mean_ratio * target_seconds(spec, "prefill")),
-    )
-    observation = replace(observation, signals={**observation.signals, "prefill": prefill})
-    decision = decide(spec, observation, PolicyState(), T0)
+    decision = decide(spec, with_mean(spec, observation, "prefill", mean_ratio), PolicyState(), T0)
     assert (replicas(decision) > 2) is grows
 
 
