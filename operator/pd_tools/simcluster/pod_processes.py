@@ -199,6 +199,8 @@ class PodProcesses:
         self._addresses = itertools.count(1 + secrets.randbelow(POD_LOOPBACK.num_addresses // 2))
         self._lock = threading.Lock()
         self.running: dict[str, PodProcess] = {}
+        self._hooks: set[subprocess.Popen[bytes]] = set()  # preStop hooks running now
+        self._stopped = False
         workdir.mkdir(parents=True, exist_ok=True)
 
     def _runner(self, argv: Sequence[str]) -> Runner | None:
@@ -377,14 +379,33 @@ class PodProcesses:
                 continue
             if argv[0] == "python3":
                 argv[0] = sys.executable
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                subprocess.run(
-                    argv,
+            self._run_hook(argv, deadline)
+
+    def _run_hook(self, argv: Sequence[str], deadline: float) -> None:
+        """Run one hook until it returns or `deadline`; `stop_all` ends it sooner."""
+        with self._lock:
+            if self._stopped:
+                return
+            try:
+                popen = subprocess.Popen(
+                    [*DIE_WITH_PARENT, *argv],
                     stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    timeout=max(0.0, deadline - time.monotonic()),
-                    check=False,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
+            except OSError as error:
+                log.warning("preStop hook %s did not start: %s", argv[0], error)
+                return
+            self._hooks.add(popen)
+        try:
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait(timeout=10)
+        finally:
+            with self._lock:
+                self._hooks.discard(popen)
 
     def stop(self, uid: str, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
         """SIGTERM, then SIGKILL after the grace period; forget the process and its target."""
@@ -408,7 +429,15 @@ class PodProcesses:
                 popen.wait(timeout=10)
 
     def stop_all(self) -> None:
-        """Stop every process (the kubelet is going away) and withdraw the targets file."""
+        """Stop every process, preStop hooks first (the kubelet is going away), and withdraw
+        the targets file."""
+        with self._lock:
+            self._stopped = True
+            hooks = list(self._hooks)
+        for popen in hooks:
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+            popen.wait(timeout=10)
         for uid in list(self.running):
             self.stop(uid)
         if self.sd_file is not None:
