@@ -95,7 +95,7 @@ ITL_P99 = spec_of({"slo.itl.percentile": "P99"})
         (ITL_P99, 1.2, True, "ITL P99 at least 1.20x target (its mean; the percentile's"),
         # A mean under the bucket's lower bound places nothing: the demand decides.
         (ITL_P99, 0.4, False, "ITL P99 0.5-1.2x target (its histogram bucket): the demand"),
-        # The median is no bound on the mean (a skewed latency's mean is above it).
+        # A mean is no lower bound of a median (a skewed latency's mean lies above it).
         (SPEC, 1.2, False, "ITL P50 0.5-1.2x target (its histogram bucket): the demand"),
     ],
 )

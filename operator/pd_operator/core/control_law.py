@@ -296,13 +296,13 @@ def _placed(
 
 
 def _placed_by_mean(
-    bucket: tuple[float, float] | None, mean: Reading, percentile: str, target_seconds: float
+    bucket: tuple[float, float], mean: Reading, percentile: str, target_seconds: float
 ) -> tuple[float, float] | None:
     """Where the exact mean (sum over count) places a tail percentile its bucket could not:
     such a percentile is at least the mean unless a tenth or less of the observations, far out,
     carry it (not a latency that steps or queues make), so a mean inside the bucket narrows it
     from below, to (mean, bucket top) over the target. None: the mean says nothing more."""
-    if bucket is None or mean.value is None or percentile not in TUNING.tail_percentiles:
+    if mean.value is None or percentile not in TUNING.tail_percentiles:
         return None
     ratio = mean.value / target_seconds
     return (ratio, bucket[1]) if ratio > bucket[0] else None
